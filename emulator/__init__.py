@@ -1,0 +1,1 @@
+"""A vLLM-compatible engine emulator: OpenAI API, paged KV cache, KV events, NIXL transfers."""

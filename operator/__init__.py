@@ -1,0 +1,1 @@
+"""The Kubernetes operator: API models → pure renderer → reconciler → status and autoscaling."""

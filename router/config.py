@@ -1,0 +1,118 @@
+"""The router's configuration: one pydantic model shared by `tandem router`, the operator and `tandem up`.
+
+The operator renders this model into the router's ConfigMap (`router.yaml`); `tandem up` builds it
+directly; the router loads it with `RouterConfig.from_yaml_file`. It lives with the router because
+the data path must never import control-plane code.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class ScoringConfig(_Strict):
+    """Weights of the endpoint scorers; an endpoint's score is the weighted sum of its scorer values."""
+
+    prefix_weight: float = Field(3.0, ge=0, alias="prefixWeight")
+    queue_weight: float = Field(2.0, ge=0, alias="queueWeight")
+    kv_usage_weight: float = Field(1.0, ge=0, alias="kvUsageWeight")
+    # An endpoint whose load exceeds `load_bound_factor` x the pool's mean load (+1) is not a
+    # candidate, so a hot prefix cannot pile every request onto one pod.
+    load_bound_factor: float = Field(1.5, ge=1.0, alias="loadBoundFactor")
+
+
+class DisaggregationConfig(_Strict):
+    """When a request goes through a prefill pod first (P/D) or straight to a decode pod."""
+
+    mode: Literal["auto", "always", "never"] = "auto"
+    # In auto mode, prompts with fewer uncached tokens than this are prefilled on the decode pod.
+    min_uncached_tokens: int = Field(256, ge=0, alias="minUncachedTokens")
+
+
+class AdmissionConfig(_Strict):
+    """Bounded waiting queue with priorities; a full queue answers 429 with Retry-After."""
+
+    max_queue: int = Field(512, ge=1, alias="maxQueue")
+    # Requests in flight across all upstreams before new ones wait in the admission queue.
+    max_in_flight: int = Field(1024, ge=1, alias="maxInFlight")
+    priority_header: str = Field("x-priority", alias="priorityHeader")
+    session_header: str = Field("x-session-id", alias="sessionHeader")
+    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, alias="maxBodyBytes")
+
+
+class TimeoutConfig(_Strict):
+    """Per-request limits, in seconds."""
+
+    connect_s: float = Field(2.0, gt=0, alias="connectSeconds")
+    prefill_s: float = Field(120.0, gt=0, alias="prefillSeconds")
+    # Longest silence allowed between two chunks of a decode stream.
+    decode_idle_s: float = Field(60.0, gt=0, alias="decodeIdleSeconds")
+
+
+class KubernetesDiscovery(_Strict):
+    """Discover engine pods by watching Pods with the ServingCluster's labels."""
+
+    namespace: str
+    cluster_name: str = Field(alias="clusterName")
+    engine_port: int = Field(8000, alias="enginePort")
+    kv_events_port: int | None = Field(5557, alias="kvEventsPort")
+    kv_events_replay_port: int | None = Field(5558, alias="kvEventsReplayPort")
+
+
+class StaticEndpoint(_Strict):
+    """One engine given by URL; its KV events endpoints are optional."""
+
+    url: str
+    kv_events: str | None = Field(None, alias="kvEvents")  # e.g. tcp://127.0.0.1:5557
+    kv_events_replay: str | None = Field(None, alias="kvEventsReplay")
+
+
+class StaticDiscovery(_Strict):
+    """Fixed engine lists, as the peer routers take them (`--prefill URL --decode URL`)."""
+
+    prefill: list[StaticEndpoint] = Field(default_factory=list)
+    decode: list[StaticEndpoint] = Field(default_factory=list)
+    # Engines serving both roles (colocated, no P/D handoff).
+    workers: list[StaticEndpoint] = Field(default_factory=list)
+
+
+class RouterConfig(_Strict):
+    """Everything `tandem router` needs to serve one ServingCluster."""
+
+    host: str = "0.0.0.0"
+    port: int = 8000
+    served_model_name: str = Field(alias="servedModelName")
+    # Path or HF-format directory with tokenizer.json; None uses the documented approximation.
+    tokenizer: str | None = None
+    block_size: int = Field(16, ge=1, alias="blockSize")
+    hash_algo: Literal["sha256", "sha256_cbor"] = Field("sha256_cbor", alias="hashAlgo")
+    hash_seed: str | None = Field("0", alias="hashSeed")  # the engines' PYTHONHASHSEED
+    scoring: ScoringConfig = Field(default_factory=ScoringConfig)  # type: ignore[arg-type]
+    disaggregation: DisaggregationConfig = Field(default_factory=DisaggregationConfig)  # type: ignore[arg-type]
+    admission: AdmissionConfig = Field(default_factory=AdmissionConfig)  # type: ignore[arg-type]
+    timeouts: TimeoutConfig = Field(default_factory=TimeoutConfig)  # type: ignore[arg-type]
+    kubernetes: KubernetesDiscovery | None = None
+    static: StaticDiscovery | None = None
+    metrics_scrape_interval_s: float = Field(0.5, gt=0, alias="metricsScrapeIntervalSeconds")
+    api_keys: list[str] = Field(default_factory=list, alias="apiKeys")
+
+    @model_validator(mode="after")
+    def _one_discovery(self) -> RouterConfig:
+        if (self.kubernetes is None) == (self.static is None):
+            raise ValueError("set exactly one of `kubernetes` and `static` discovery")
+        return self
+
+    @classmethod
+    def from_yaml_file(cls, path: str | Path) -> RouterConfig:
+        return cls.model_validate(yaml.safe_load(Path(path).read_text()))
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json", by_alias=True, exclude_none=True), sort_keys=False)

@@ -1,0 +1,3 @@
+"""Tandem: disaggregated prefill/decode LLM serving on Kubernetes."""
+
+__version__ = "0.1.0"
