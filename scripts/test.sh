@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it: tools, lint, types, then every test (unit, integration over
+# real sockets, and end-to-end on a real control plane). Any failure, or no test at all, is red.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=.venv/bin
+step() { printf '\n=== %s (%s)\n' "$1" "$(date -u +%H:%M:%S)"; }
+
+step "tools: Prometheus, control-plane binaries"
+scripts/ensure-prometheus.sh
+e2e/cluster/build.sh
+
+step "lint"
+$BIN/ruff check .
+$BIN/ruff format --check .
+
+step "types"
+$BIN/mypy -p tandem
+
+step "tests"
+# pytest exits 5 when it collects nothing; set -e turns that into a failure as well.
+$BIN/pytest -p no:cacheprovider "$@"
