@@ -1,0 +1,107 @@
+"""The emulator's configuration: vLLM `serve` options that matter here plus its own options."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tandem.emulator.kv_events import KVEventsConfig
+
+
+class KVTransferConfig(BaseModel):
+    """`--kv-transfer-config` (vLLM's KVTransferConfig fields used here; others kept, ignored)."""
+
+    model_config = ConfigDict(extra="allow")
+    kv_connector: str | None = None
+    engine_id: str | None = None
+    kv_role: str | None = None
+    kv_buffer_device: str | None = "cuda"
+    kv_connector_extra_config: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def lease_seconds(self) -> float:
+        return float(self.kv_connector_extra_config.get("kv_lease_duration", 30))
+
+
+class Faults(BaseModel):
+    """Failure injection for reliability tests (all off by default)."""
+
+    model_config = ConfigDict(extra="forbid")
+    startup_delay_s: float = Field(0.0, ge=0)
+    error_rate: float = Field(0.0, ge=0, le=1)
+    crash_after_requests: int = Field(0, ge=0)
+    slow_token_probability: float = Field(0.0, ge=0, le=1)
+    slow_token_delay_s: float = Field(0.0, ge=0)
+    stall_after_tokens: int = Field(0, ge=0)
+    stall_rate: float = Field(1.0, ge=0, le=1)
+    seed: int = 0
+
+
+class EngineConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: str = "meta-llama/Llama-3.1-8B-Instruct"
+    tokenizer: str | None = None
+    served_model_names: list[str] = Field(default_factory=list)
+    host: str | None = None
+    port: int = 8000
+    block_size: int = Field(16, ge=1)
+    max_num_seqs: int = Field(1024, ge=1)
+    max_num_batched_tokens: int = Field(8192, ge=1)
+    max_model_len: int | None = None
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    prefix_caching_hash_algo: str = "sha256"
+    num_gpu_blocks_override: int | None = None
+    gpu_memory_utilization: float = 0.92
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    data_parallel_rank: int = 0
+    seed: int = 0
+    kv_transfer_config: KVTransferConfig | None = None
+    kv_events_config: KVEventsConfig | None = None
+    api_key: str | None = None
+    enable_server_load_tracking: bool = False
+    enable_request_id_headers: bool = False
+    # emulator options
+    timing_profile: str | None = None
+    speedup: float = Field(1.0, gt=0)
+    kv_events_bind_host: str | None = None
+    kv_handshake_timeout_s: float = Field(5.0, gt=0)
+    use_nixl: bool = True
+    faults: Faults = Field(default_factory=Faults)
+
+    @property
+    def served_model_name(self) -> str:
+        return self.served_model_names[0] if self.served_model_names else self.model
+
+    @property
+    def model_dir(self) -> Path | None:
+        path = Path(self.model)
+        return path if path.is_dir() else None
+
+    @property
+    def tokenizer_dir(self) -> Path | None:
+        """Where tokenizer.json is looked for: --tokenizer if it is a directory, else the model's."""
+        if self.tokenizer and Path(self.tokenizer).is_dir():
+            return Path(self.tokenizer)
+        return self.model_dir
+
+    def model_config_json(self) -> dict[str, Any]:
+        """The model's config.json when the model is a local directory."""
+        directory = self.model_dir
+        if directory is not None and (directory / "config.json").is_file():
+            data = json.loads((directory / "config.json").read_text())
+            return data if isinstance(data, dict) else {}
+        return {}
+
+    def resolved_max_model_len(self) -> int:
+        if self.max_model_len:
+            return self.max_model_len
+        return int(self.model_config_json().get("max_position_embeddings", 131072))
+
+    @property
+    def kv_role(self) -> str | None:
+        return self.kv_transfer_config.kv_role if self.kv_transfer_config else None

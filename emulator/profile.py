@@ -1,0 +1,146 @@
+"""Timing profiles (YAML): how long one engine step and one KV transfer take."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
+H200_PROFILE = "h200-llama-3.1-8b"
+FALLBACK_PROFILE = "llm-d-h100-8b"
+REFERENCE_BLOCK_SIZE = 16
+
+
+class ModelShape(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    layers: int = Field(32, ge=1)
+    kv_heads: int = Field(8, ge=1)
+    head_dim: int = Field(128, ge=1)
+    dtype_bytes: int = Field(2, ge=1)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """layers * 2 (K and V) * kv_heads * head_dim * dtype_bytes."""
+        return self.layers * 2 * self.kv_heads * self.head_dim * self.dtype_bytes
+
+
+class StepTiming(BaseModel):
+    """Duration of one forward pass over a mixed batch.
+
+    t = base_s
+      + per_token_s * scheduled_tokens              (prefill chunk tokens + 1 per decode seq)
+      + per_attention_pair_s * sum over prefill chunks of chunk_len * (cached_ctx + chunk_len / 2)
+      + per_decode_seq_s * decode_seqs
+      + per_context_token_s * sum of context lengths of decode seqs
+      + per_prefill_token_s * prefill chunk tokens  (extension, default 0)
+      + per_prefill_seq_s * prefill chunks          (extension, default 0)
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    base_s: float = Field(0.006, ge=0)
+    per_token_s: float = Field(2.0e-5, ge=0)
+    per_attention_pair_s: float = Field(1.0e-10, ge=0)
+    per_decode_seq_s: float = Field(1.0e-5, ge=0)
+    per_context_token_s: float = Field(1.0e-8, ge=0)
+    per_prefill_token_s: float = Field(0.0, ge=0)
+    per_prefill_seq_s: float = Field(0.0, ge=0)
+
+
+class KVTransferTiming(BaseModel):
+    """Time of a P/D KV pull: latency_s + full kv bytes / bandwidth_bytes_per_s.
+
+    The bytes really moved through NIXL are emulated_bytes_per_token per token, or (when 0)
+    kv bytes/token * bytes_scale, so the emulator's memory stays small while the timing uses
+    the full size.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    bandwidth_bytes_per_s: float = Field(2.5e10, gt=0)
+    latency_s: float = Field(0.0005, ge=0)
+    emulated_bytes_per_token: int = Field(0, ge=0)
+    bytes_scale: float = Field(0.001, gt=0)
+
+
+class Capacity(BaseModel):
+    """KV capacity when --num-gpu-blocks-override is not given.
+
+    num_gpu_blocks counts blocks of REFERENCE_BLOCK_SIZE (16, vLLM's default) tokens: like vLLM,
+    which sizes the cache in bytes, another --block-size keeps the same number of KV tokens.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    num_gpu_blocks: int = Field(30000, ge=2)
+
+    def blocks_for(self, block_size: int) -> int:
+        return max(2, self.num_gpu_blocks * REFERENCE_BLOCK_SIZE // block_size)
+
+
+class TimingProfile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    description: str = ""
+    model: ModelShape = ModelShape()
+    step: StepTiming = StepTiming()
+    kv_transfer: KVTransferTiming = KVTransferTiming()
+    capacity: Capacity = Capacity()
+
+    def step_seconds(
+        self,
+        prefill_chunks: list[tuple[int, int]],
+        decode_seqs: int,
+        decode_context_tokens: int,
+    ) -> float:
+        """Step time for prefill chunks [(chunk_len, cached_ctx)] and decode seqs (see StepTiming)."""
+        step = self.step
+        prefill_tokens = 0
+        pairs = 0.0
+        for chunk_len, cached_ctx in prefill_chunks:
+            prefill_tokens += chunk_len
+            pairs += chunk_len * (cached_ctx + chunk_len / 2)
+        return (
+            step.base_s
+            + step.per_token_s * (prefill_tokens + decode_seqs)
+            + step.per_attention_pair_s * pairs
+            + step.per_decode_seq_s * decode_seqs
+            + step.per_context_token_s * decode_context_tokens
+            + step.per_prefill_token_s * prefill_tokens
+            + step.per_prefill_seq_s * len(prefill_chunks)
+        )
+
+    def transfer_seconds(self, num_tokens: int) -> float:
+        """Simulated KV pull time of `num_tokens` tokens."""
+        kv = self.kv_transfer
+        return kv.latency_s + num_tokens * self.model.kv_bytes_per_token / kv.bandwidth_bytes_per_s
+
+    def emulated_bytes_per_token(self) -> int:
+        """Bytes per token that are really moved through NIXL (at least 1)."""
+        kv = self.kv_transfer
+        if kv.emulated_bytes_per_token:
+            return kv.emulated_bytes_per_token
+        return max(1, round(self.model.kv_bytes_per_token * kv.bytes_scale))
+
+
+def default_profile_name() -> str:
+    """The H200 profile when it is shipped, else the llm-d H100 reference profile."""
+    return H200_PROFILE if (PROFILES_DIR / f"{H200_PROFILE}.yaml").exists() else FALLBACK_PROFILE
+
+
+def available_profiles() -> list[str]:
+    return sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))
+
+
+def load_profile(name_or_path: str | None = None) -> TimingProfile:
+    """Load a profile by shipped name (see `available_profiles()`) or by YAML file path."""
+    ref = name_or_path or default_profile_name()
+    path = Path(ref)
+    if not (path.suffix in (".yaml", ".yml") and path.exists()):
+        path = PROFILES_DIR / f"{ref}.yaml"
+    if not path.exists():
+        raise ValueError(
+            f"timing profile {ref!r} not found; shipped: {', '.join(available_profiles())}"
+        )
+    with path.open() as handle:
+        data = yaml.safe_load(handle)
+    return TimingProfile.model_validate(data)

@@ -1,0 +1,302 @@
+"""Continuous batching as vLLM v1 does it: running first, then waiting; a token budget with
+chunked prefill; preemption of the newest running request when KV blocks run out."""
+
+from __future__ import annotations
+
+import contextlib
+from bisect import bisect_left
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from itertools import chain
+from typing import Any
+
+from tandem.emulator.kv_cache import KVCacheManager
+from tandem.emulator.request import FinishReason, Request, Status
+
+# LCG constants (Numerical Recipes) for the deterministic output token stream.
+_LCG_A = 1664525
+_LCG_C = 1013904223
+_LCG_MASK = 0xFFFFFFFF
+
+
+@dataclass(slots=True)
+class Batch:
+    """What one engine step computes: decodes (one token that completes the sequence, so one is
+    sampled) and chunks (any other number of tokens: prefill chunks, recomputation)."""
+
+    decodes: list[Request] = field(default_factory=list)
+    chunks: list[Request] = field(default_factory=list)
+    chunk_tokens: list[int] = field(default_factory=list)
+    prefill_chunks: list[tuple[int, int]] = field(default_factory=list)  # (chunk_len, cached_ctx)
+    decode_seqs: int = 0
+    decode_context_tokens: int = 0
+    total_tokens: int = 0
+    preempted: list[Request] = field(default_factory=list)
+
+    @property
+    def requests(self) -> list[Request]:
+        return [*self.decodes, *self.chunks]
+
+    @property
+    def num_tokens(self) -> list[int]:
+        return [1] * len(self.decodes) + self.chunk_tokens
+
+    @property
+    def size(self) -> int:
+        return len(self.decodes) + len(self.chunks)
+
+    def __bool__(self) -> bool:
+        return bool(self.decodes or self.chunks)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        kv: KVCacheManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        output_ids: list[int],
+        enable_chunked_prefill: bool = True,
+    ) -> None:
+        self.kv = kv
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.output_ids = output_ids
+        self.enable_chunked_prefill = enable_chunked_prefill
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+        # called when a remote-prefill request got its blocks: (request, local hit tokens)
+        self.on_remote_kv: Callable[[Request, int], None] | None = None
+        # called for every request that is scheduled for the first time
+        self.on_first_scheduled: Callable[[Request, int], None] | None = None
+        # inter-token latency histogram (bounds, counts, total) filled by update()
+        self.itl: Any = None
+
+    # ------------------------------------------------------------------ queue management
+    def add(self, request: Request) -> None:
+        self.waiting.append(request)
+
+    def has_work(self) -> bool:
+        return bool(self.running) or bool(self.waiting)
+
+    def num_waiting_for_kv(self) -> int:
+        return sum(1 for r in self.waiting if r.status is Status.WAITING_FOR_REMOTE_KVS)
+
+    def finish(self, request: Request, reason: FinishReason, free: bool = True) -> None:
+        """Take a request out of the engine (finished, aborted or failed) and release its blocks."""
+        if request.status is Status.FINISHED:
+            return
+        if request.status is Status.RUNNING:
+            with contextlib.suppress(ValueError):
+                self.running.remove(request)
+        else:
+            with contextlib.suppress(ValueError):
+                self.waiting.remove(request)
+        request.status = Status.FINISHED
+        request.finish_reason = reason
+        if free:
+            self.kv.free(request)
+
+    # ------------------------------------------------------------------ one step
+    def schedule(self) -> Batch:
+        batch = Batch()
+        kv = self.kv
+        budget = self.max_num_batched_tokens
+        max_len = self.max_model_len
+        running = self.running
+        caching = kv.enable_caching
+        bs = kv.block_size
+        decodes = batch.decodes
+        decode_seqs = 0
+        decode_context = 0
+        req_index = 0
+        while req_index < len(running) and budget > 0:
+            request = running[req_index]
+            req_index += 1
+            if request.stall:
+                continue
+            computed = request.num_computed_tokens
+            num_new = len(request.token_ids) - computed
+            if num_new == 1 and computed < max_len - 1 and computed < request.kv_capacity:
+                # decode fast path: the slot exists; register the block if this token fills it
+                if caching and (computed + 1) // bs > request.num_cached_blocks:
+                    kv.cache_blocks(request, computed + 1)
+                decodes.append(request)
+                decode_seqs += 1
+                decode_context += computed
+                budget -= 1
+                continue
+            if num_new > budget:
+                num_new = budget
+            if num_new > max_len - 1 - computed:
+                num_new = max_len - 1 - computed
+            if num_new <= 0:
+                continue
+            scheduled = True
+            while not kv.allocate_slots(request, num_new):
+                victim = running.pop()
+                self._preempt(victim, batch)
+                if victim is request:
+                    scheduled = False
+                    break
+            if not scheduled:
+                break
+            self._add_to_batch(batch, request, num_new)
+            budget -= num_new
+        batch.decode_seqs += decode_seqs
+        batch.decode_context_tokens += decode_context
+        batch.total_tokens = self.max_num_batched_tokens - budget
+
+        if not batch.preempted:
+            self._schedule_waiting(batch, budget)
+        return batch
+
+    def _schedule_waiting(self, batch: Batch, budget: int) -> None:
+        kv = self.kv
+        waiting = self.waiting
+        skipped: list[Request] = []
+        while waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            request = waiting[0]
+            if request.status is Status.WAITING_FOR_REMOTE_KVS:
+                if not request.kv_ready:
+                    skipped.append(waiting.popleft())
+                    continue
+                self._finish_remote_kv(request)
+            if request.remote_prefill is not None and request.status is Status.WAITING:
+                # decode side of P/D: reserve blocks for the whole prompt, then pull the KV
+                hits, num_hit = kv.get_computed_blocks(request)
+                if not kv.allocate_slots(
+                    request, request.num_prompt_tokens - num_hit, num_hit, hits, cache=False
+                ):
+                    break
+                request.num_cached_tokens = num_hit
+                request.status = Status.WAITING_FOR_REMOTE_KVS
+                skipped.append(waiting.popleft())
+                if self.on_remote_kv is not None:
+                    self.on_remote_kv(request, num_hit)
+                continue
+            first = request.scheduled_time == 0.0
+            if request.num_computed_tokens == 0:
+                hits, num_hit = kv.get_computed_blocks(request)
+            else:
+                hits, num_hit = [], 0
+            num_new = request.num_tokens - request.num_computed_tokens - num_hit
+            if num_new > budget:
+                if not self.enable_chunked_prefill:
+                    break
+                num_new = budget
+            if not kv.allocate_slots(request, num_new, num_hit, hits):
+                break
+            waiting.popleft()
+            request.num_computed_tokens += num_hit
+            if request.num_cached_tokens < 0:
+                request.num_cached_tokens = num_hit
+            if first and self.on_first_scheduled is not None:
+                self.on_first_scheduled(request, num_hit)
+            request.status = Status.RUNNING
+            self.running.append(request)
+            self._add_to_batch(batch, request, num_new)
+            budget -= num_new
+        if skipped:
+            waiting.extendleft(reversed(skipped))
+
+    def _finish_remote_kv(self, request: Request) -> None:
+        """The pulled prompt KV is in place: cache its full blocks and recompute only the last token."""
+        request.status = Status.WAITING
+        if self.kv.enable_caching:
+            self.kv.cache_blocks(request, request.num_prompt_tokens)
+        request.num_computed_tokens = request.num_prompt_tokens - 1
+        request.remote_prefill = None
+
+    def _add_to_batch(self, batch: Batch, request: Request, num_new: int) -> None:
+        """Add a request found by the slow path (the running loop's fast path appends decodes)."""
+        computed = request.num_computed_tokens
+        if num_new == 1 and computed + 1 == len(request.token_ids):
+            batch.decodes.append(request)
+        else:
+            batch.chunks.append(request)
+            batch.chunk_tokens.append(num_new)
+        batch.total_tokens += num_new
+        if num_new == 1:
+            batch.decode_seqs += 1
+            batch.decode_context_tokens += computed
+        else:
+            batch.prefill_chunks.append((num_new, computed))
+
+    def _preempt(self, request: Request, batch: Batch) -> None:
+        self.kv.free(request)
+        request.status = Status.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(request)
+        batch.preempted.append(request)
+
+    # ------------------------------------------------------------------ after the step
+    def update(
+        self, batch: Batch, now: float = 0.0
+    ) -> tuple[list[Request], list[Request], list[Request]]:
+        """Advance computed tokens and sample one token per request that reached its end.
+
+        Stamps token times (`now`) and records inter-token gaps into `self.itl` (a histogram
+        with `bounds`, `counts`, `total`) in the same pass, to keep the per-step cost low.
+        Returns (requests that got a token, those that got their first one, those that finished).
+        """
+        produced: list[Request] = []
+        first_tokens: list[Request] = []
+        finished: list[Request] = []
+        output_ids = self.output_ids
+        n_out = len(output_ids)
+        max_len = self.max_model_len
+        running_status = Status.RUNNING
+        itl = self.itl
+        bounds, counts = (itl.bounds, itl.counts) if itl is not None else ([], [0])
+        gaps = 0.0
+        ready: list[Request] = []
+        for request, num_new in zip(batch.chunks, batch.chunk_tokens, strict=True):
+            if request.status is running_status:
+                request.num_computed_tokens += num_new
+                if request.num_computed_tokens >= len(request.token_ids):
+                    ready.append(request)  # the last chunk of a prompt: sample a token
+        for request in chain(batch.decodes, ready):
+            if request.status is not running_status:
+                continue  # aborted during the step
+            tokens = request.token_ids
+            request.num_computed_tokens = len(tokens)
+            state = (request.rng_state * _LCG_A + _LCG_C) & _LCG_MASK
+            request.rng_state = state
+            token = output_ids[(state >> 8) % n_out]
+            tokens.append(token)
+            produced.append(request)
+            last = request.last_token_time
+            request.last_token_time = now
+            if last == 0.0:
+                first_tokens.append(request)
+            else:
+                counts[bisect_left(bounds, now - last)] += 1
+                gaps += now - last
+            num_output = len(tokens) - request.num_prompt_tokens
+            if request.stall_after and num_output >= request.stall_after:
+                request.stall = True  # failure injection: this stream stops producing tokens
+            if num_output >= request.max_tokens or len(tokens) >= max_len:
+                request.finish_reason = FinishReason.LENGTH
+            elif (
+                request.stop_token_ids
+                and token in request.stop_token_ids
+                and num_output >= request.min_tokens
+            ):
+                request.finish_reason = FinishReason.STOP
+                request.stop_reason = token
+            else:
+                continue
+            request.status = Status.FINISHED
+            finished.append(request)
+        if itl is not None:
+            itl.total += gaps
+        if finished:
+            self.running = [r for r in self.running if r.status is Status.RUNNING]
+        return produced, first_tokens, finished
