@@ -77,10 +77,18 @@ def main() -> None:
     parser.add_argument("raw", type=Path)
     parser.add_argument("--name", default="h200-llama-3.1-8b-bf16")
     parser.add_argument("--out", type=Path)
-    parser.add_argument("--transfer-bandwidth", type=float, default=45e9,
-                        help="P/D KV transfer rate, bytes/s (default: a 400 Gb/s RDMA NIC at ~90%%)")
-    parser.add_argument("--num-gpu-blocks", type=int, default=51000,
-                        help="KV capacity in 16-token blocks (H200: 0.9 x 141 GB - weights - activations)")
+    parser.add_argument(
+        "--transfer-bandwidth",
+        type=float,
+        default=45e9,
+        help="P/D KV transfer rate, bytes/s (default: a 400 Gb/s RDMA NIC at ~90%%)",
+    )
+    parser.add_argument(
+        "--num-gpu-blocks",
+        type=int,
+        default=51000,
+        help="KV capacity in 16-token blocks (H200: 0.9 x 141 GB - weights - activations)",
+    )
     args = parser.parse_args()
     raw = json.loads(args.raw.read_text())
     step, table = fit(raw)
@@ -98,11 +106,19 @@ def main() -> None:
             f"benchmarks/fit_profile.py; mean |error| {100 * np.mean(errors):.1f}%, max "
             f"{100 * max(errors):.1f}% over {len(table)} configurations. See docs/profiles/."
         ),
-        "model": {"layers": model["layers"], "kv_heads": model["kv_heads"],
-                  "head_dim": model["head_dim"], "dtype_bytes": 2},
+        "model": {
+            "layers": model["layers"],
+            "kv_heads": model["kv_heads"],
+            "head_dim": model["head_dim"],
+            "dtype_bytes": 2,
+        },
         "step": step,
-        "kv_transfer": {"bandwidth_bytes_per_s": args.transfer_bandwidth, "latency_s": 0.0005,
-                        "emulated_bytes_per_token": 0, "bytes_scale": 0.001},
+        "kv_transfer": {
+            "bandwidth_bytes_per_s": args.transfer_bandwidth,
+            "latency_s": 0.0005,
+            "emulated_bytes_per_token": 0,
+            "bytes_scale": 0.001,
+        },
         "capacity": {"num_gpu_blocks": args.num_gpu_blocks},
     }
     text = yaml.safe_dump(profile, sort_keys=False, width=100)

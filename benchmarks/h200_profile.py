@@ -22,6 +22,7 @@ and then, anywhere: `python benchmarks/fit_profile.py results.json` fits the emu
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import time
@@ -107,7 +108,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: object) -
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
-def kv_cache(batch: int, length: int, device: torch.device) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def kv_cache(
+    batch: int, length: int, device: torch.device
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     shape = (batch, length, KV_HEADS, HEAD_DIM)
     ks = [torch.randn(shape, device=device, dtype=DTYPE) for _ in range(LAYERS)]
     vs = [torch.randn(shape, device=device, dtype=DTYPE) for _ in range(LAYERS)]
@@ -145,10 +148,27 @@ def graph_time_ms(fn, repeats: int) -> list[float]:  # type: ignore[no-untyped-d
 
 
 PREFILL_GRID = [  # (batch, new tokens, cached tokens)
-    (1, 16, 0), (1, 64, 0), (1, 128, 0), (1, 256, 0), (1, 512, 0), (1, 1024, 0), (1, 2048, 0),
-    (1, 4096, 0), (1, 8192, 0), (1, 16384, 0), (2, 512, 0), (4, 512, 0), (8, 512, 0),
-    (16, 512, 0), (4, 2048, 0), (2, 4096, 0), (1, 512, 4096), (1, 2048, 2048), (1, 2048, 6144),
-    (1, 2048, 14336), (1, 8192, 8192),
+    (1, 16, 0),
+    (1, 64, 0),
+    (1, 128, 0),
+    (1, 256, 0),
+    (1, 512, 0),
+    (1, 1024, 0),
+    (1, 2048, 0),
+    (1, 4096, 0),
+    (1, 8192, 0),
+    (1, 16384, 0),
+    (2, 512, 0),
+    (4, 512, 0),
+    (8, 512, 0),
+    (16, 512, 0),
+    (4, 2048, 0),
+    (2, 4096, 0),
+    (1, 512, 4096),
+    (1, 2048, 2048),
+    (1, 2048, 6144),
+    (1, 2048, 14336),
+    (1, 8192, 8192),
 ]
 DECODE_BATCHES = [1, 8, 16, 32, 64, 128, 256]
 DECODE_CONTEXTS = [256, 1024, 4096, 16384]
@@ -161,11 +181,20 @@ def measure_prefill(model: Llama8BShape, repeats: int) -> list[dict[str, float]]
     for batch, new, cached in PREFILL_GRID:
         ks, vs = kv_cache(batch, cached + new, model.device)
         tokens = torch.randint(0, VOCAB, (batch, new), device=model.device)
-        times = graph_time_ms(lambda: model.forward(tokens, ks, vs, cached), repeats)
-        rows.append({"batch": batch, "new_tokens": new, "cached_tokens": cached, "ms": statistics.median(times),
-                     "ms_min": min(times), "ms_max": max(times)})
+        step = functools.partial(model.forward, tokens, ks, vs, cached)
+        times = graph_time_ms(step, repeats)
+        rows.append(
+            {
+                "batch": batch,
+                "new_tokens": new,
+                "cached_tokens": cached,
+                "ms": statistics.median(times),
+                "ms_min": min(times),
+                "ms_max": max(times),
+            }
+        )
         print(f"prefill B={batch:<3} L={new:<6} P={cached:<6} {rows[-1]['ms']:9.3f} ms", flush=True)
-        del ks, vs
+        del step, ks, vs
         torch.cuda.empty_cache()
     return rows
 
@@ -179,11 +208,19 @@ def measure_decode(model: Llama8BShape, repeats: int) -> list[dict[str, float]]:
                 continue
             ks, vs = kv_cache(batch, context + 1, model.device)
             tokens = torch.randint(0, VOCAB, (batch, 1), device=model.device)
-            times = graph_time_ms(lambda: model.forward(tokens, ks, vs, context), repeats)
-            rows.append({"batch": batch, "context": context, "ms": statistics.median(times),
-                         "ms_min": min(times), "ms_max": max(times)})
+            step = functools.partial(model.forward, tokens, ks, vs, context)
+            times = graph_time_ms(step, repeats)
+            rows.append(
+                {
+                    "batch": batch,
+                    "context": context,
+                    "ms": statistics.median(times),
+                    "ms_min": min(times),
+                    "ms_max": max(times),
+                }
+            )
             print(f"decode  B={batch:<3} C={context:<6} {rows[-1]['ms']:9.3f} ms", flush=True)
-            del ks, vs
+            del step, ks, vs
             torch.cuda.empty_cache()
     return rows
 
@@ -196,7 +233,10 @@ def measure_copy_bandwidth(device: torch.device) -> dict[str, float]:
     dst = torch.empty_like(src)
     d2h = statistics.median(time_ms(lambda: host.copy_(src, non_blocking=True), 5))
     d2d = statistics.median(time_ms(lambda: dst.copy_(src), 5))
-    return {"d2h_bytes_per_s": nbytes / (d2h / 1e3), "d2d_bytes_per_s_read_plus_write": 2 * nbytes / (d2d / 1e3)}
+    return {
+        "d2h_bytes_per_s": nbytes / (d2h / 1e3),
+        "d2d_bytes_per_s_read_plus_write": 2 * nbytes / (d2d / 1e3),
+    }
 
 
 def main() -> None:
@@ -211,8 +251,16 @@ def main() -> None:
         "device": torch.cuda.get_device_name(device),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
-        "model": {"layers": LAYERS, "hidden": HIDDEN, "heads": HEADS, "kv_heads": KV_HEADS,
-                  "head_dim": HEAD_DIM, "ffn": FFN, "vocab": VOCAB, "dtype": "bfloat16"},
+        "model": {
+            "layers": LAYERS,
+            "hidden": HIDDEN,
+            "heads": HEADS,
+            "kv_heads": KV_HEADS,
+            "head_dim": HEAD_DIM,
+            "ffn": FFN,
+            "vocab": VOCAB,
+            "dtype": "bfloat16",
+        },
         "method": "median of CUDA-event timings of CUDA-graph replays after 3 warm-ups",
         "repeats": args.repeats,
         "copy": measure_copy_bandwidth(device),
