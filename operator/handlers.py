@@ -1,0 +1,379 @@
+"""The kopf handlers: thin glue that renders, applies, prunes and reports status.
+
+Every step is idempotent (server-side apply with one field manager), so create, update, resume
+after a restart and the periodic resync all run the same `reconcile_body`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import fnmatch
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import kopf
+
+from tandem.operator.api import (
+    API_VERSION,
+    GROUP,
+    KIND,
+    PLURAL,
+    VERSION,
+    ManifestError,
+    ServingCluster,
+    ServingClusterStatus,
+    parse_manifest,
+)
+from tandem.operator.kube import Kube, KubeError
+from tandem.operator.reconcile import (
+    PRUNABLE_KINDS,
+    ObjectKey,
+    children_selector,
+    stale_children,
+    with_owner,
+)
+from tandem.operator.render import (
+    LABEL_CLUSTER,
+    LABEL_MANAGED_BY,
+    MANAGED_BY,
+    Role,
+    child_name,
+    render,
+)
+from tandem.operator.status import (
+    aggregate_status,
+    component_roles,
+    phase_event,
+    status_patch,
+)
+
+log = logging.getLogger("tandem.operator")
+
+# API groups that may be absent from a cluster; their objects are skipped (and not pruned) then.
+OPTIONAL_GROUPS = ("monitoring.coreos.com/",)
+RETRY_DELAY_S = 30.0
+
+
+class EventSink(Protocol):
+    def __call__(
+        self, body: Mapping[str, Any], *, type: str, reason: str, message: str
+    ) -> None: ...
+
+
+def kopf_event(body: Mapping[str, Any], *, type: str, reason: str, message: str) -> None:
+    """Post a Kubernetes Event about the ServingCluster through kopf's event poster."""
+    kopf.event(body, type=type, reason=reason, message=message)  # type: ignore[arg-type]
+
+
+def current_status(body: Mapping[str, Any]) -> ServingClusterStatus:
+    """The status as stored (an unreadable one counts as empty)."""
+    try:
+        return ServingClusterStatus.model_validate(body.get("status") or {})
+    except ValueError:
+        return ServingClusterStatus()
+
+
+def now_rfc3339() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class ApplyOutcome:
+    applied: list[ObjectKey] = field(default_factory=list)
+    skipped: list[ObjectKey] = field(
+        default_factory=list
+    )  # API not served (no Prometheus Operator)
+    pruned: list[ObjectKey] = field(default_factory=list)
+
+
+def _served(kube: Kube, api_version: str, kind: str) -> bool:
+    if not api_version.startswith(OPTIONAL_GROUPS):
+        return True
+    return kube.serves(api_version, kind)
+
+
+def apply_children(kube: Kube, body: Mapping[str, Any], sc: ServingCluster) -> ApplyOutcome:
+    """Apply every rendered child with an owner reference, then prune the ones no longer rendered."""
+    outcome = ApplyOutcome()
+    wanted = []
+    for obj in render(sc):
+        key = ObjectKey.of(obj)
+        if not _served(kube, obj["apiVersion"], obj["kind"]):
+            outcome.skipped.append(key)
+            continue
+        kube.apply(with_owner(obj, body))
+        wanted.append(obj)
+        outcome.applied.append(key)
+    existing: list[dict[str, Any]] = []
+    selector = children_selector(sc.name)
+    for api_version, kind in PRUNABLE_KINDS:
+        if _served(kube, api_version, kind):
+            existing += kube.list(api_version, kind, sc.namespace, selector)
+    for key in stale_children(wanted, existing, body["metadata"]["uid"]):
+        kube.delete(key.api_version, key.kind, key.namespace, key.name)
+        outcome.pruned.append(key)
+    return outcome
+
+
+def read_deployments(kube: Kube, sc: ServingCluster) -> dict[Role, dict[str, Any] | None]:
+    return {
+        role: kube.get("apps/v1", "Deployment", sc.namespace, child_name(sc, role))
+        for role in component_roles(sc)
+    }
+
+
+_status_locks: dict[tuple[str, str], threading.Lock] = {}
+_status_locks_guard = threading.Lock()
+
+
+def status_lock(namespace: str, name: str) -> threading.Lock:
+    """One lock per ServingCluster: handler threads and the child watch write its status in turn,
+    so each compares with the status the previous writer left and announces a change once."""
+    with _status_locks_guard:
+        return _status_locks.setdefault((namespace, name), threading.Lock())
+
+
+def report_status(
+    kube: Kube,
+    body: Mapping[str, Any],
+    sc: ServingCluster,
+    events: EventSink,
+    apply_error: str | None = None,
+    observed_generation: int | None = None,
+    applied: int | None = None,
+) -> str | None:
+    """Aggregate children into status, patch it, and post Events for a newly applied generation
+    and for a phase change. None when the object is gone."""
+    with status_lock(sc.namespace, sc.name):
+        fresh = kube.get(API_VERSION, KIND, sc.namespace, sc.name)
+        if fresh is None:
+            return None
+        current = sc.model_copy(update={"status": current_status(fresh)})
+        status = aggregate_status(
+            current, read_deployments(kube, sc), now_rfc3339(), apply_error, observed_generation
+        )
+        kube.patch_status(API_VERSION, KIND, sc.namespace, sc.name, status_patch(status))
+        if applied is not None and observed_generation != current.status.observed_generation:
+            events(
+                body,
+                type="Normal",
+                reason="Applied",
+                message=f"generation {observed_generation}: applied {applied} objects",
+            )
+        assert status.phase is not None
+        transition = phase_event(current.status.phase, status.phase, status.conditions)
+        if transition:
+            type_, reason, message = transition
+            events(body, type=type_, reason=reason, message=message)
+        return status.phase
+
+
+def invalid_spec_status(problems: list[str], generation: int | None) -> dict[str, Any]:
+    """Status of an object the API server accepted but the operator cannot render."""
+    message = "; ".join(problems)
+    return {
+        "observedGeneration": generation,
+        "phase": "Degraded",
+        "conditions": [
+            {"type": "Ready", "status": "False", "reason": "InvalidSpec", "message": message,
+             "lastTransitionTime": now_rfc3339(), "observedGeneration": generation},
+            {"type": "Degraded", "status": "True", "reason": "InvalidSpec", "message": message,
+             "lastTransitionTime": now_rfc3339(), "observedGeneration": generation},
+        ],
+    }  # fmt: skip
+
+
+def reconcile_body(
+    kube: Kube, body: Mapping[str, Any], events: EventSink = kopf_event
+) -> str | None:
+    """Render, apply, prune and report one ServingCluster; returns its phase (None if it is gone).
+
+    Raises kopf.PermanentError for a spec that cannot be rendered (retrying will not help) and
+    kopf.TemporaryError when the API server refused or failed an apply (retried after a delay).
+    """
+    generation = body.get("metadata", {}).get("generation")
+    try:
+        sc = parse_manifest(dict(body))
+    except ManifestError as exc:
+        events(body, type="Warning", reason="InvalidSpec", message=str(exc))
+        meta = body["metadata"]
+        kube.patch_status(
+            API_VERSION,
+            KIND,
+            meta["namespace"],
+            meta["name"],
+            invalid_spec_status(exc.problems, generation),
+        )
+        raise kopf.PermanentError(f"invalid ServingCluster: {exc}") from None
+    try:
+        outcome = apply_children(kube, body, sc)
+    except KubeError as exc:
+        message = f"applying children failed: {exc}"
+        events(body, type="Warning", reason="ApplyFailed", message=message)
+        report_status(
+            kube,
+            body,
+            sc,
+            events,
+            apply_error=message,
+            observed_generation=sc.status.observed_generation,
+        )
+        raise kopf.TemporaryError(message, delay=RETRY_DELAY_S) from None
+    if outcome.pruned:
+        pruned = ", ".join(map(str, outcome.pruned))
+        events(
+            body,
+            type="Normal",
+            reason="Pruned",
+            message=f"deleted objects the spec no longer asks for: {pruned}",
+        )
+    if outcome.skipped:
+        log.info(
+            "%s/%s: skipped %s (API not served)",
+            sc.namespace,
+            sc.name,
+            ", ".join(map(str, outcome.skipped)),
+        )
+    return report_status(
+        kube, body, sc, events, observed_generation=generation, applied=len(outcome.applied)
+    )
+
+
+def refresh_owner_status(
+    kube: Kube,
+    namespace: str,
+    cluster_name: str,
+    events: EventSink = kopf_event,
+    reapply: bool = False,
+) -> str | None:
+    """Recompute a ServingCluster's status after one of its children changed (re-applying the
+    children first when one was deleted behind the operator's back). None if it is gone."""
+    body = kube.get(API_VERSION, KIND, namespace, cluster_name)
+    if body is None or body["metadata"].get("deletionTimestamp"):
+        return None
+    if reapply:
+        return reconcile_body(kube, body, events)
+    try:
+        sc = parse_manifest(body)
+    except ManifestError:
+        return None  # the main handlers report invalid specs
+    return report_status(kube, body, sc, events)
+
+
+def list_serving_clusters(kube: Kube, namespaces: Sequence[str]) -> list[dict[str, Any]]:
+    """ServingClusters in the watched namespaces (every namespace when none; glob patterns allowed)."""
+    if not namespaces or any(set(ns) & set("*?[") for ns in namespaces):
+        listing = kube.request("GET", f"/apis/{API_VERSION}/{PLURAL}")
+        items = listing.get("items", []) if listing else []
+        if namespaces:
+            items = [
+                i
+                for i in items
+                if any(fnmatch.fnmatchcase(i["metadata"]["namespace"], ns) for ns in namespaces)
+            ]
+    else:
+        items = []
+        for namespace in namespaces:
+            listing = kube.request("GET", f"/apis/{API_VERSION}/namespaces/{namespace}/{PLURAL}")
+            items += listing.get("items", []) if listing else []
+    return [{**item, "apiVersion": API_VERSION, "kind": KIND} for item in items]
+
+
+def resync_once(kube: Kube, namespaces: Sequence[str], events: EventSink = kopf_event) -> int:
+    """Reconcile every ServingCluster once (drift repair, autoscaler decisions); returns how many."""
+    done = 0
+    for body in list_serving_clusters(kube, namespaces):
+        if body["metadata"].get("deletionTimestamp"):
+            continue
+        try:
+            reconcile_body(kube, body, events)
+            done += 1
+        except (KubeError, kopf.TemporaryError, kopf.PermanentError) as exc:
+            log.warning(
+                "%s/%s: resync failed: %s",
+                body["metadata"]["namespace"],
+                body["metadata"]["name"],
+                exc,
+            )
+    return done
+
+
+async def resync_forever(
+    client: Callable[[], Kube], period_s: float, namespaces: Sequence[str]
+) -> None:
+    while True:
+        await asyncio.sleep(period_s)
+        try:
+            await asyncio.to_thread(resync_once, client(), namespaces)
+        except KubeError as exc:
+            log.warning("resync: listing ServingClusters failed: %s", exc)
+
+
+# --- registration ------------------------------------------------------------------------------
+
+_kube: Kube | None = None
+
+
+def kube() -> Kube:
+    """The process-wide client, created on first use (after kopf has logged in)."""
+    global _kube
+    if _kube is None:
+        _kube = Kube()
+    return _kube
+
+
+def register(
+    registry: kopf.OperatorRegistry,
+    resync_seconds: float = 300.0,
+    client: Callable[[], Kube] = kube,
+    namespaces: Sequence[str] = (),
+) -> None:
+    """Register the ServingCluster handlers, the child-Deployment watch and the periodic resync
+    into `registry`. The resync is a plain background loop rather than a kopf timer, because a
+    timer puts a finalizer on every object (deleting one would then need a running operator)."""
+
+    @kopf.on.resume(GROUP, VERSION, PLURAL, id="reconcile", registry=registry)
+    @kopf.on.create(GROUP, VERSION, PLURAL, id="reconcile", registry=registry)
+    @kopf.on.update(GROUP, VERSION, PLURAL, field="spec", id="reconcile", registry=registry)
+    def reconcile(body: kopf.Body, **_: Any) -> None:
+        reconcile_body(client(), body)
+
+    @kopf.on.startup(id="resync", registry=registry)
+    async def start_resync(memo: kopf.Memo, **_: Any) -> None:
+        memo["resync"] = asyncio.create_task(resync_forever(client, resync_seconds, namespaces))
+
+    @kopf.on.cleanup(id="stop_resync", registry=registry)
+    async def stop_resync(memo: kopf.Memo, **_: Any) -> None:
+        task = memo.get("resync")
+        if isinstance(task, asyncio.Task):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    @kopf.on.delete(GROUP, VERSION, PLURAL, optional=True, id="deleted", registry=registry)
+    def deleted(body: kopf.Body, **_: Any) -> None:
+        kopf_event(body, type="Normal", reason="Deleting",
+                   message="children are garbage-collected through their owner references; PVCs and Secrets are kept")  # fmt: skip
+
+    @kopf.on.event(
+        "apps",
+        "v1",
+        "deployments",
+        labels={LABEL_MANAGED_BY: MANAGED_BY},
+        id="child_changed",
+        registry=registry,
+    )
+    def child_changed(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
+        owner = body.get("metadata", {}).get("labels", {}).get(LABEL_CLUSTER)
+        namespace = body.get("metadata", {}).get("namespace")
+        if not owner or not namespace:
+            return
+        try:
+            refresh_owner_status(client(), namespace, owner, reapply=event.get("type") == "DELETED")
+        except (KubeError, kopf.TemporaryError, kopf.PermanentError) as exc:
+            log.warning("%s/%s: status refresh failed: %s", namespace, owner, exc)

@@ -1,0 +1,693 @@
+"""The pure renderer: one ServingCluster → every Kubernetes object that serves it.
+
+Nothing here talks to a cluster: `render(sc)` is a function of the object alone (spec, plus the
+autoscaler's decisions kept in its status), so it can be snapshot-tested and run by `tandem render`.
+Owner references are added by the apply layer, which knows the object's uid.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Literal
+
+from tandem.operator.api import (
+    EngineSpec,
+    EnvVar,
+    PoolSpec,
+    ProbeOverride,
+    Probes,
+    ServingCluster,
+    Toleration,
+    pool_replicas,
+)
+from tandem.router.config import (
+    AdmissionConfig,
+    DisaggregationConfig,
+    KubernetesDiscovery,
+    RouterConfig,
+    ScoringConfig,
+    TimeoutConfig,
+)
+
+EngineRole = Literal["prefill", "decode"]
+Role = Literal["prefill", "decode", "router"]
+ENGINE_ROLES: tuple[EngineRole, ...] = ("prefill", "decode")
+
+# Ports of every engine pod (fixed so the router, monitors and policies agree without lookups).
+HTTP_PORT = 8000
+KV_EVENTS_PORT = 5557
+KV_REPLAY_PORT = 5558
+NIXL_SIDE_CHANNEL_PORT = 5600
+KV_EVENTS_TOPIC = "kv-events"
+ROUTER_PORT = 8000
+ROUTER_CONFIG_DIR = "/etc/tandem"
+ROUTER_CONFIG_KEY = "router.yaml"
+
+# Labels and annotations.
+LABEL_NAME = "app.kubernetes.io/name"
+LABEL_INSTANCE = "app.kubernetes.io/instance"
+LABEL_COMPONENT = "app.kubernetes.io/component"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+LABEL_CLUSTER = "tandem.dev/cluster"
+LABEL_ROLE = "tandem.dev/role"
+MANAGED_BY = "tandem-operator"
+ANNOTATION_CONFIG_HASH = "tandem.dev/config-hash"
+ENGINE_CONTAINER = "vllm"
+ROUTER_CONTAINER = "router"
+
+
+def child_name(sc: ServingCluster, suffix: str) -> str:
+    return f"{sc.name}-{suffix}"
+
+
+def common_labels(sc: ServingCluster) -> dict[str, str]:
+    """Labels on every child object (the apply layer finds its children with them)."""
+    return {
+        **sc.spec.labels,
+        LABEL_NAME: "tandem",
+        LABEL_INSTANCE: sc.name,
+        LABEL_MANAGED_BY: MANAGED_BY,
+        LABEL_CLUSTER: sc.name,
+    }
+
+
+def selector_labels(sc: ServingCluster, role: Role) -> dict[str, str]:
+    """The immutable Deployment selector of one component."""
+    return {LABEL_CLUSTER: sc.name, LABEL_ROLE: role}
+
+
+def role_labels(sc: ServingCluster, role: Role) -> dict[str, str]:
+    return {**common_labels(sc), LABEL_COMPONENT: role, LABEL_ROLE: role}
+
+
+def _meta(sc: ServingCluster, name: str, role: Role | None) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": sc.namespace,
+        "labels": role_labels(sc, role) if role else common_labels(sc),
+    }
+    if sc.spec.annotations:
+        meta["annotations"] = dict(sc.spec.annotations)
+    return meta
+
+
+def _compact_json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+def disaggregated(sc: ServingCluster) -> bool:
+    """Whether a prefill pool exists and the engines carry the KV connector."""
+    return sc.spec.router.disaggregation.mode != "never"
+
+
+def rendered_roles(sc: ServingCluster) -> tuple[EngineRole, ...]:
+    return ENGINE_ROLES if disaggregated(sc) else ("decode",)
+
+
+def endpoint(sc: ServingCluster) -> str:
+    """In-cluster URL of the router Service."""
+    return f"http://{child_name(sc, 'router')}.{sc.namespace}:{sc.spec.router.service.port}"
+
+
+# --- engines -----------------------------------------------------------------------------------
+
+
+def kv_transfer_config(sc: ServingCluster, role: EngineRole) -> dict[str, Any]:
+    """vLLM's --kv-transfer-config: prefill produces KV blocks, decode consumes them."""
+    engine = sc.spec.engine
+    config: dict[str, Any] = {
+        "kv_connector": engine.kv_connector,
+        "kv_role": "kv_producer" if role == "prefill" else "kv_consumer",
+    }
+    if engine.kv_buffer_device:
+        config["kv_buffer_device"] = engine.kv_buffer_device
+    if engine.kv_connector_extra_config:
+        config["kv_connector_extra_config"] = engine.kv_connector_extra_config
+    return config
+
+
+def kv_events_config() -> dict[str, Any]:
+    """vLLM's --kv-events-config: a binding PUB endpoint and a replay endpoint (PROTOCOLS.md §2)."""
+    return {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": f"tcp://*:{KV_EVENTS_PORT}",
+        "replay_endpoint": f"tcp://*:{KV_REPLAY_PORT}",
+        "topic": KV_EVENTS_TOPIC,
+    }
+
+
+def _pool(sc: ServingCluster, role: EngineRole) -> PoolSpec:
+    pool: PoolSpec = getattr(sc.spec, role)
+    return pool
+
+
+def vllm_args(sc: ServingCluster, role: EngineRole) -> list[str]:
+    """The arguments after `vllm serve` of one pool: the model first, then flags."""
+    spec = sc.spec
+    model, engine, pool = spec.model, spec.engine, _pool(sc, role)
+    args = [
+        model.name,
+        "--served-model-name", model.served_model_name,
+        "--host", "0.0.0.0",
+        "--port", str(HTTP_PORT),
+        "--tensor-parallel-size", str(pool.tensor_parallel_size),
+        "--block-size", str(engine.block_size),
+        "--enable-prefix-caching",
+        "--prefix-caching-hash-algo", engine.hash_algo,
+        "--kv-events-config", _compact_json(kv_events_config()),
+        "--max-num-batched-tokens", str(pool.max_num_batched_tokens),
+        "--gpu-memory-utilization", str(pool.gpu_memory_utilization or engine.gpu_memory_utilization),
+    ]  # fmt: skip
+    if disaggregated(sc):
+        args += ["--kv-transfer-config", _compact_json(kv_transfer_config(sc, role))]
+    if pool.max_num_seqs is not None:
+        args += ["--max-num-seqs", str(pool.max_num_seqs)]
+    if model.max_model_len is not None:
+        args += ["--max-model-len", str(model.max_model_len)]
+    if model.revision:
+        args += ["--revision", model.revision]
+    if model.tokenizer:
+        args += ["--tokenizer", model.tokenizer]
+    if model.trust_remote_code:
+        args.append("--trust-remote-code")
+    if engine.dtype != "auto":
+        args += ["--dtype", engine.dtype]
+    if engine.quantization:
+        args += ["--quantization", engine.quantization]
+    if engine.kv_cache_dtype != "auto":
+        args += ["--kv-cache-dtype", engine.kv_cache_dtype]
+    if engine.enforce_eager:
+        args.append("--enforce-eager")
+    if pool.speculative:
+        speculative = pool.speculative
+        config: dict[str, Any] = {
+            "method": speculative.method,
+            "num_speculative_tokens": speculative.num_speculative_tokens,
+        }
+        for key, value in (
+            ("model", speculative.model),
+            ("prompt_lookup_max", speculative.prompt_lookup_max),
+            ("prompt_lookup_min", speculative.prompt_lookup_min),
+            ("draft_tensor_parallel_size", speculative.draft_tensor_parallel_size),
+        ):
+            if value is not None:
+                config[key] = value
+        args += ["--speculative-config", _compact_json(config)]
+    return args + engine.extra_args + pool.extra_args
+
+
+def _env_dicts(env: list[EnvVar]) -> list[dict[str, Any]]:
+    return [e.model_dump(by_alias=True, exclude_none=True) for e in env]
+
+
+def merge_env(*layers: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Later layers replace earlier variables of the same name, keeping first-seen order."""
+    merged: dict[str, dict[str, Any]] = {}
+    for layer in layers:
+        for var in layer:
+            merged[var["name"]] = var
+    return list(merged.values())
+
+
+def vllm_env(sc: ServingCluster, role: EngineRole) -> list[dict[str, Any]]:
+    """Environment of one pool's engine container (core/v1 EnvVar dicts)."""
+    spec = sc.spec
+    base: list[dict[str, Any]] = [
+        # The prefix-cache hash chain starts from hash(seed): pinned so the router reproduces it.
+        {"name": "PYTHONHASHSEED", "value": spec.engine.hash_seed},
+        {
+            "name": "VLLM_NIXL_SIDE_CHANNEL_HOST",
+            "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}},
+        },
+        {"name": "VLLM_NIXL_SIDE_CHANNEL_PORT", "value": str(NIXL_SIDE_CHANNEL_PORT)},
+    ]
+    if spec.model.hf_token_secret:
+        ref = spec.model.hf_token_secret
+        base.append(
+            {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
+        )
+    if spec.model.cache:
+        base.append({"name": "HF_HOME", "value": f"{spec.model.cache.mount_path}/huggingface"})
+        if spec.model.cache.read_only:
+            base.append({"name": "HF_HUB_OFFLINE", "value": "1"})
+    return merge_env(base, _env_dicts(spec.engine.env), _env_dicts(_pool(sc, role).env))
+
+
+def _probe(path: str, defaults: dict[str, int], override: ProbeOverride) -> dict[str, Any]:
+    probe: dict[str, Any] = {"httpGet": {"path": path, "port": "http"}, **defaults}
+    probe.update(override.model_dump(by_alias=True, exclude_none=True))
+    return probe
+
+
+def engine_probes(probes: Probes) -> dict[str, dict[str, Any]]:
+    """Startup, readiness and liveness probes on /health; the startup probe allows model loading
+    for `startupBudgetSeconds` (failureThreshold = ceil(budget / period))."""
+    period = probes.startup.period_seconds or 10
+    startup_defaults = {
+        "periodSeconds": period,
+        "timeoutSeconds": 5,
+        "failureThreshold": -(-probes.startup_budget_seconds // period),
+    }
+    return {
+        "startupProbe": _probe("/health", startup_defaults, probes.startup),
+        "readinessProbe": _probe(
+            "/health",
+            {"periodSeconds": 5, "timeoutSeconds": 3, "failureThreshold": 3},
+            probes.readiness,
+        ),
+        "livenessProbe": _probe(
+            "/health",
+            {"periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 6},
+            probes.liveness,
+        ),
+    }
+
+
+def engine_resources(pool: PoolSpec) -> dict[str, Any]:
+    """The pool's resources, or one GPU per tensor-parallel rank with room for an 8B model's host side."""
+    if pool.resources is not None:
+        return pool.resources.model_dump(by_alias=True)
+    return {
+        "requests": {
+            "cpu": str(4 * pool.tensor_parallel_size),
+            "memory": f"{32 * pool.tensor_parallel_size}Gi",
+        },
+        "limits": {"nvidia.com/gpu": str(pool.tensor_parallel_size)},
+    }
+
+
+def _tolerations(tolerations: list[Toleration]) -> list[dict[str, Any]]:
+    return [t.model_dump(by_alias=True, exclude_none=True) for t in tolerations]
+
+
+def _placement(
+    node_selector: dict[str, str], tolerations: list[Toleration], affinity: dict[str, Any] | None
+) -> dict[str, Any]:
+    placement: dict[str, Any] = {}
+    if node_selector:
+        placement["nodeSelector"] = dict(node_selector)
+    if tolerations:
+        placement["tolerations"] = _tolerations(tolerations)
+    if affinity:
+        placement["affinity"] = affinity
+    return placement
+
+
+def _pull_secrets(sc: ServingCluster) -> dict[str, Any]:
+    if not sc.spec.image_pull_secrets:
+        return {}
+    return {"imagePullSecrets": [{"name": name} for name in sc.spec.image_pull_secrets]}
+
+
+def engine_ports() -> list[dict[str, Any]]:
+    return [
+        {"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
+        {"name": "kv-events", "containerPort": KV_EVENTS_PORT, "protocol": "TCP"},
+        {"name": "kv-replay", "containerPort": KV_REPLAY_PORT, "protocol": "TCP"},
+        {"name": "nixl", "containerPort": NIXL_SIDE_CHANNEL_PORT, "protocol": "TCP"},
+    ]
+
+
+def _engine_volumes(
+    engine: EngineSpec, sc: ServingCluster
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    volumes: list[dict[str, Any]] = [
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": str(engine.shm_size)}}
+    ]
+    mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    cache = sc.spec.model.cache
+    if cache:
+        volumes.append(
+            {
+                "name": "model-cache",
+                "persistentVolumeClaim": {"claimName": cache.pvc, "readOnly": cache.read_only},
+            }
+        )
+        mount: dict[str, Any] = {
+            "name": "model-cache",
+            "mountPath": cache.mount_path,
+            "readOnly": cache.read_only,
+        }
+        if cache.sub_path:
+            mount["subPath"] = cache.sub_path
+        mounts.append(mount)
+    return volumes, mounts
+
+
+def engine_deployment(sc: ServingCluster, role: EngineRole) -> dict[str, Any]:
+    spec = sc.spec
+    engine, pool = spec.engine, _pool(sc, role)
+    probes = pool.probes or engine.probes
+    volumes, mounts = _engine_volumes(engine, sc)
+    container: dict[str, Any] = {
+        "name": ENGINE_CONTAINER,
+        "image": pool.image or engine.image,
+        "imagePullPolicy": engine.image_pull_policy,
+        "command": ["vllm", "serve"],
+        "args": vllm_args(sc, role),
+        "env": vllm_env(sc, role),
+        "ports": engine_ports(),
+        "resources": engine_resources(pool),
+        "volumeMounts": mounts,
+        # A crashed engine's last log lines become the container's termination message.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        **engine_probes(probes),
+    }
+    pod_spec: dict[str, Any] = {
+        "containers": [container],
+        "volumes": volumes,
+        # Service links would inject e.g. VLLM_PORT for a Service named "vllm", which vLLM misreads.
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": pool.termination_grace_period_seconds,
+        **_pull_secrets(sc),
+        **_placement(pool.node_selector, pool.tolerations, pool.affinity),
+    }
+    if spec.service_account_name:
+        pod_spec["serviceAccountName"] = spec.service_account_name
+    else:
+        pod_spec["automountServiceAccountToken"] = False
+    if pool.topology_spread_constraints:
+        pod_spec["topologySpreadConstraints"] = pool.topology_spread_constraints
+    if pool.priority_class_name:
+        pod_spec["priorityClassName"] = pool.priority_class_name
+    template_meta: dict[str, Any] = {"labels": {**role_labels(sc, role), **pool.pod_labels}}
+    if pool.pod_annotations:
+        template_meta["annotations"] = dict(pool.pod_annotations)
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(sc, child_name(sc, role), role),
+        "spec": {
+            "replicas": pool_replicas(sc, role),
+            "selector": {"matchLabels": selector_labels(sc, role)},
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {
+                    "maxSurge": pool.rollout.max_surge,
+                    "maxUnavailable": pool.rollout.max_unavailable,
+                },
+            },
+            "revisionHistoryLimit": 5,
+            # Loading weights can take most of the startup budget; only report a stuck rollout after it.
+            "progressDeadlineSeconds": probes.startup_budget_seconds + 600,
+            "template": {"metadata": template_meta, "spec": pod_spec},
+        },
+    }
+
+
+def engine_service(sc: ServingCluster, role: EngineRole) -> dict[str, Any]:
+    """Headless Service of one pool: stable DNS for its pods (the router itself watches Pods)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(sc, child_name(sc, role), role),
+        "spec": {
+            "clusterIP": "None",
+            "selector": selector_labels(sc, role),
+            "ports": [
+                {
+                    "name": p["name"],
+                    "port": p["containerPort"],
+                    "targetPort": p["name"],
+                    "protocol": "TCP",
+                }
+                for p in engine_ports()
+            ],
+        },
+    }
+
+
+def disruption_budget(sc: ServingCluster, role: Role) -> dict[str, Any]:
+    """At most one pod of a component down at a time from voluntary disruptions (drains)."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _meta(sc, child_name(sc, role), role),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector_labels(sc, role)}},
+    }
+
+
+# --- router ------------------------------------------------------------------------------------
+
+
+def router_config(sc: ServingCluster) -> RouterConfig:
+    """The router's configuration: this cluster's engines, discovered by watching its Pods."""
+    spec = sc.spec
+    router = spec.router
+    return RouterConfig(
+        host="0.0.0.0",
+        port=ROUTER_PORT,
+        served_model_name=spec.model.served_model_name,
+        tokenizer=router.tokenizer,
+        block_size=spec.engine.block_size,
+        hash_algo=spec.engine.hash_algo,
+        hash_seed=spec.engine.hash_seed,
+        scoring=ScoringConfig.model_validate(router.scoring.model_dump(by_alias=True)),
+        disaggregation=DisaggregationConfig.model_validate(
+            router.disaggregation.model_dump(by_alias=True)
+        ),
+        admission=AdmissionConfig.model_validate(router.admission.model_dump(by_alias=True)),
+        timeouts=TimeoutConfig.model_validate(router.timeouts.model_dump(by_alias=True)),
+        kubernetes=KubernetesDiscovery(
+            namespace=sc.namespace,
+            cluster_name=sc.name,
+            engine_port=HTTP_PORT,
+            kv_events_port=KV_EVENTS_PORT,
+            kv_events_replay_port=KV_REPLAY_PORT,
+        ),
+        metrics_scrape_interval_s=router.metrics_scrape_interval_seconds,
+        log_level=router.log_level,
+    )
+
+
+def router_config_map(sc: ServingCluster) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(sc, child_name(sc, "router"), "router"),
+        "data": {ROUTER_CONFIG_KEY: router_config(sc).to_yaml()},
+    }
+
+
+def router_service_account(sc: ServingCluster) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": _meta(sc, child_name(sc, "router"), "router"),
+        **_pull_secrets(sc),
+    }
+
+
+def router_role(sc: ServingCluster) -> dict[str, Any]:
+    """The router watches its cluster's engine Pods (discovery) and nothing else."""
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": _meta(sc, child_name(sc, "router"), "router"),
+        "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}],
+    }
+
+
+def router_role_binding(sc: ServingCluster) -> dict[str, Any]:
+    name = child_name(sc, "router")
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": _meta(sc, name, "router"),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": sc.namespace}],
+    }
+
+
+def config_hash(config_map: dict[str, Any]) -> str:
+    """Digest of a ConfigMap's data; a pod-template annotation, so a config change rolls the pods."""
+    return hashlib.sha256(_compact_json(config_map["data"]).encode()).hexdigest()[:16]
+
+
+def router_deployment(sc: ServingCluster) -> dict[str, Any]:
+    router = sc.spec.router
+    name = child_name(sc, "router")
+    http_probe = {"httpGet": {"path": "/health", "port": "http"}, "timeoutSeconds": 3}
+    container: dict[str, Any] = {
+        "name": ROUTER_CONTAINER,
+        "image": router.image,
+        "imagePullPolicy": router.image_pull_policy,
+        "command": ["tandem", "router"],
+        "args": ["--config", f"{ROUTER_CONFIG_DIR}/{ROUTER_CONFIG_KEY}"],
+        "ports": [{"name": "http", "containerPort": ROUTER_PORT, "protocol": "TCP"}],
+        "resources": router.resources.model_dump(by_alias=True),
+        "volumeMounts": [{"name": "config", "mountPath": ROUTER_CONFIG_DIR, "readOnly": True}],
+        "readinessProbe": {**http_probe, "periodSeconds": 5, "failureThreshold": 3},
+        "livenessProbe": {
+            **http_probe,
+            "periodSeconds": 10,
+            "failureThreshold": 6,
+            "initialDelaySeconds": 10,
+        },
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "runAsUser": 65532,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+    }
+    if router.env:
+        container["env"] = _env_dicts(router.env)
+    annotations = {
+        **router.pod_annotations,
+        ANNOTATION_CONFIG_HASH: config_hash(router_config_map(sc)),
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(sc, name, "router"),
+        "spec": {
+            "replicas": router.replicas,
+            "selector": {"matchLabels": selector_labels(sc, "router")},
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+            },
+            "revisionHistoryLimit": 5,
+            "template": {
+                "metadata": {
+                    "labels": {**role_labels(sc, "router"), **router.pod_labels},
+                    "annotations": annotations,
+                },
+                "spec": {
+                    "serviceAccountName": name,
+                    "containers": [container],
+                    "volumes": [{"name": "config", "configMap": {"name": name}}],
+                    "terminationGracePeriodSeconds": 30,
+                    **_pull_secrets(sc),
+                    **_placement(router.node_selector, router.tolerations, router.affinity),
+                },
+            },
+        },
+    }
+
+
+def router_service(sc: ServingCluster) -> dict[str, Any]:
+    service = sc.spec.router.service
+    meta = _meta(sc, child_name(sc, "router"), "router")
+    if service.annotations:
+        meta["annotations"] = {**meta.get("annotations", {}), **service.annotations}
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": meta,
+        "spec": {
+            "type": service.type,
+            "selector": selector_labels(sc, "router"),
+            "ports": [
+                {"name": "http", "port": service.port, "targetPort": "http", "protocol": "TCP"}
+            ],
+        },
+    }
+
+
+# --- optional objects --------------------------------------------------------------------------
+
+
+def _engine_selector(sc: ServingCluster) -> dict[str, Any]:
+    return {
+        "matchLabels": {LABEL_CLUSTER: sc.name},
+        "matchExpressions": [{"key": LABEL_ROLE, "operator": "In", "values": list(ENGINE_ROLES)}],
+    }
+
+
+def monitors(sc: ServingCluster) -> list[dict[str, Any]]:
+    """A ServiceMonitor for the router and a PodMonitor for the engines (Prometheus Operator)."""
+    monitoring = sc.spec.monitoring
+    endpoint_ = {"port": "http", "path": "/metrics", "interval": monitoring.interval}
+
+    def meta(name: str, role: Role | None) -> dict[str, Any]:
+        meta_ = _meta(sc, name, role)
+        meta_["labels"] = {**meta_["labels"], **monitoring.labels}
+        return meta_
+
+    return [
+        {
+            "apiVersion": "monitoring.coreos.com/v1",
+            "kind": "ServiceMonitor",
+            "metadata": meta(child_name(sc, "router"), "router"),
+            "spec": {
+                "selector": {"matchLabels": selector_labels(sc, "router")},
+                "namespaceSelector": {"matchNames": [sc.namespace]},
+                "endpoints": [endpoint_],
+            },
+        },
+        {
+            "apiVersion": "monitoring.coreos.com/v1",
+            "kind": "PodMonitor",
+            "metadata": meta(child_name(sc, "engines"), None),
+            "spec": {
+                "selector": _engine_selector(sc),
+                "namespaceSelector": {"matchNames": [sc.namespace]},
+                "podMetricsEndpoints": [endpoint_],
+            },
+        },
+    ]
+
+
+def network_policies(sc: ServingCluster) -> list[dict[str, Any]]:
+    """Engines: anything from this cluster's pods (router, and NIXL/UCX between engines, which uses
+    ports of its own), plus the http port from `allowFrom`. Router: its port from `allowFrom`, or
+    from everyone when that list is empty."""
+    allow_from = sc.spec.network_policy.allow_from
+    engine_rules: list[dict[str, Any]] = [
+        {"from": [{"podSelector": {"matchLabels": {LABEL_CLUSTER: sc.name}}}]}
+    ]
+    if allow_from:
+        engine_rules.append({"from": allow_from, "ports": [{"port": "http", "protocol": "TCP"}]})
+    router_rule: dict[str, Any] = {"ports": [{"port": "http", "protocol": "TCP"}]}
+    if allow_from:
+        router_rule["from"] = allow_from
+    return [
+        {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": _meta(sc, child_name(sc, "engines"), None),
+            "spec": {
+                "podSelector": _engine_selector(sc),
+                "policyTypes": ["Ingress"],
+                "ingress": engine_rules,
+            },
+        },
+        {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": _meta(sc, child_name(sc, "router"), "router"),
+            "spec": {
+                "podSelector": {"matchLabels": selector_labels(sc, "router")},
+                "policyTypes": ["Ingress"],
+                "ingress": [router_rule],
+            },
+        },
+    ]
+
+
+def render(sc: ServingCluster) -> list[dict[str, Any]]:
+    """Every child object of a ServingCluster, in the order they are best applied."""
+    objects: list[dict[str, Any]] = [
+        router_service_account(sc),
+        router_role(sc),
+        router_role_binding(sc),
+        router_config_map(sc),
+    ]
+    for role in rendered_roles(sc):
+        objects += [
+            engine_service(sc, role),
+            engine_deployment(sc, role),
+            disruption_budget(sc, role),
+        ]
+    objects += [router_service(sc), router_deployment(sc), disruption_budget(sc, "router")]
+    if sc.spec.monitoring.enabled:
+        objects += monitors(sc)
+    if sc.spec.network_policy.enabled:
+        objects += network_policies(sc)
+    return objects
