@@ -1,1 +1,0 @@
-"""The Kubernetes operator: API models → pure renderer → reconciler → status and autoscaling."""
