@@ -24,9 +24,15 @@ class ScoringConfig(_Strict):
     prefix_weight: float = Field(3.0, ge=0, alias="prefixWeight")
     queue_weight: float = Field(2.0, ge=0, alias="queueWeight")
     kv_usage_weight: float = Field(1.0, ge=0, alias="kvUsageWeight")
+    # Pull new prefixes towards engines whose cache the index knows least about.
+    spread_weight: float = Field(0.5, ge=0, alias="spreadWeight")
+    # How much a decoding request counts in an engine's load, relative to a queued one.
+    running_weight: float = Field(0.25, ge=0, le=1, alias="runningWeight")
     # An endpoint whose load exceeds `load_bound_factor` x the pool's mean load (+1) is not a
     # candidate, so a hot prefix cannot pile every request onto one pod.
     load_bound_factor: float = Field(1.5, ge=1.0, alias="loadBoundFactor")
+    # ... plus this many requests: a lightly loaded pool should not pay a prefix miss to move one.
+    load_bound_slack: float = Field(1.0, ge=0, alias="loadBoundSlack")
 
 
 class DisaggregationConfig(_Strict):
@@ -35,6 +41,9 @@ class DisaggregationConfig(_Strict):
     mode: Literal["auto", "always", "never"] = "auto"
     # In auto mode, prompts with fewer uncached tokens than this are prefilled on the decode pod.
     min_uncached_tokens: int = Field(256, ge=0, alias="minUncachedTokens")
+    # In auto mode, when every prefill pod has at least this load (`Engine.load`: queued requests
+    # plus a fraction of running ones), the decode pod prefills locally instead of waiting.
+    max_prefill_queue: int = Field(32, ge=1, alias="maxPrefillQueue")
 
 
 class AdmissionConfig(_Strict):
@@ -46,6 +55,10 @@ class AdmissionConfig(_Strict):
     priority_header: str = Field("x-priority", alias="priorityHeader")
     session_header: str = Field("x-session-id", alias="sessionHeader")
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, alias="maxBodyBytes")
+    # Waiting requests allowed per priority level (the admission queue is bounded per level).
+    max_queue_per_priority: int | None = Field(None, ge=1, alias="maxQueuePerPriority")
+    # Sessions remembered for affinity (least recently used forgotten first).
+    max_sessions: int = Field(65536, ge=1, alias="maxSessions")
 
 
 class TimeoutConfig(_Strict):
@@ -55,6 +68,8 @@ class TimeoutConfig(_Strict):
     prefill_s: float = Field(120.0, gt=0, alias="prefillSeconds")
     # Longest silence allowed between two chunks of a decode stream.
     decode_idle_s: float = Field(60.0, gt=0, alias="decodeIdleSeconds")
+    # Whole request, admission queue included.
+    request_s: float = Field(600.0, gt=0, alias="requestSeconds")
 
 
 class KubernetesDiscovery(_Strict):
@@ -95,13 +110,20 @@ class RouterConfig(_Strict):
     block_size: int = Field(16, ge=1, alias="blockSize")
     hash_algo: Literal["sha256", "sha256_cbor"] = Field("sha256_cbor", alias="hashAlgo")
     hash_seed: str | None = Field("0", alias="hashSeed")  # the engines' PYTHONHASHSEED
-    scoring: ScoringConfig = Field(default_factory=ScoringConfig)  # type: ignore[arg-type]
-    disaggregation: DisaggregationConfig = Field(default_factory=DisaggregationConfig)  # type: ignore[arg-type]
-    admission: AdmissionConfig = Field(default_factory=AdmissionConfig)  # type: ignore[arg-type]
-    timeouts: TimeoutConfig = Field(default_factory=TimeoutConfig)  # type: ignore[arg-type]
+    scoring: ScoringConfig = Field(default_factory=ScoringConfig)
+    disaggregation: DisaggregationConfig = Field(default_factory=DisaggregationConfig)
+    admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
+    timeouts: TimeoutConfig = Field(default_factory=TimeoutConfig)
     kubernetes: KubernetesDiscovery | None = None
     static: StaticDiscovery | None = None
     metrics_scrape_interval_s: float = Field(0.5, gt=0, alias="metricsScrapeIntervalSeconds")
+    health_check_interval_s: float = Field(2.0, gt=0, alias="healthCheckIntervalSeconds")
+    # Memory bound of the prefix index: blocks remembered per engine (least recently stored
+    # forgotten first); also bounds the approximate index built from routing history.
+    index_max_blocks_per_engine: int = Field(262144, ge=16, alias="indexMaxBlocksPerEngine")
+    # Subscribe to engines' KV events (exact index); off = approximate index from routing history.
+    kv_events: bool = Field(True, alias="kvEvents")
+    log_level: str = Field("info", alias="logLevel")
     api_keys: list[str] = Field(default_factory=list, alias="apiKeys")
 
     @model_validator(mode="after")
@@ -115,4 +137,6 @@ class RouterConfig(_Strict):
         return cls.model_validate(yaml.safe_load(Path(path).read_text()))
 
     def to_yaml(self) -> str:
-        return yaml.safe_dump(self.model_dump(mode="json", by_alias=True, exclude_none=True), sort_keys=False)
+        return yaml.safe_dump(
+            self.model_dump(mode="json", by_alias=True, exclude_none=True), sort_keys=False
+        )

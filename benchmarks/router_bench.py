@@ -1,0 +1,678 @@
+"""Tandem's router beside sglang-router 0.3.2 and vllm-router 0.1.17 on the same emulator pools.
+
+Prints, for each router:
+  (a) added latency p50/p99 over calling an engine directly, at concurrency 1 and 64
+      (one fast engine behind every router, non-streaming, max_tokens=1);
+  (b) requests per second per router CPU core (requests completed / router CPU seconds, the
+      router's whole process tree, closed loop at concurrency 64, four fast engines);
+  (c) a shared-prefix workload on four engines with a small KV cache each: TTFT p50/p90/p99,
+      output tokens/s, prefix-cache hit rate (engines' vllm:prefix_cache_hits / queries) and
+      max/mean requests per engine.
+Every load loop is bounded in request count and in time. The peers are installed into
+~/.cache/tandem/peers (outside the repository) when missing.
+
+    .venv/bin/python benchmarks/router_bench.py [--quick] [--routers tandem,sglang,vllm]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+ROOT = Path(__file__).resolve().parents[1]
+PEERS = Path.home() / ".cache" / "tandem" / "peers"
+PEER_PACKAGES = ["vllm-router==0.1.17", "sglang-router==0.3.2"]
+MODEL = "tiny"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def ensure_peers() -> None:
+    if (PEERS / "bin" / "vllm-router").exists() and (PEERS / "bin" / "python").exists():
+        return
+    print(f"installing {' '.join(PEER_PACKAGES)} into {PEERS} ...", flush=True)
+    subprocess.run([sys.executable, "-m", "venv", str(PEERS)], check=True)
+    subprocess.run([str(PEERS / "bin" / "pip"), "install", "-q", *PEER_PACKAGES], check=True)
+
+
+# -- processes ---------------------------------------------------------------------------------
+
+
+class Proc:
+    def __init__(
+        self,
+        name: str,
+        argv: list[str],
+        port: int,
+        env: dict[str, str] | None = None,
+        cwd: Path = ROOT,
+    ):
+        self.name = name
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self.log_path = Path("/tmp") / f"router-bench-{name}-{port}.log"
+        self.log = self.log_path.open("wb")
+        self.proc = subprocess.Popen(
+            argv,
+            cwd=cwd,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )
+
+    async def wait_ready(self, path: str, limit_s: float = 90.0) -> None:
+        deadline = time.monotonic() + limit_s
+        async with aiohttp.ClientSession() as session:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"{self.name} exited: {self.log_path.read_text()[-2000:]}")
+                with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
+                    async with session.get(
+                        self.url + path, timeout=aiohttp.ClientTimeout(total=2)
+                    ) as r:
+                        if r.status == 200:
+                            return
+                await asyncio.sleep(0.2)
+        raise TimeoutError(f"{self.name} not ready: {self.log_path.read_text()[-2000:]}")
+
+    def cpu_seconds(self) -> float:
+        """User+system CPU of the process and all its descendants (threads included)."""
+        tick = os.sysconf("SC_CLK_TCK")
+        children: dict[int, list[int]] = {}
+        stats: dict[int, float] = {}
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            with contextlib.suppress(OSError):
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+                children.setdefault(int(fields[1]), []).append(int(entry))
+                stats[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
+        total, todo = 0.0, [self.proc.pid]
+        while todo:
+            pid = todo.pop()
+            total += stats.get(pid, 0.0)
+            todo.extend(children.get(pid, []))
+        return total
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        self.log.close()
+        with contextlib.suppress(OSError):
+            self.log_path.unlink()
+
+
+def start_engine(speedup: float, profile: str | None, blocks: int | None) -> Proc:
+    port = free_port()
+    argv = [
+        sys.executable,
+        "-m",
+        "tandem.cli",
+        "emulate",
+        "--served-model-name",
+        MODEL,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--block-size",
+        "16",
+        "--max-model-len",
+        "16384",
+        "--enable-prefix-caching",
+        "--speedup",
+        str(speedup),
+        "--log-level",
+        "warning",
+    ]
+    if profile:
+        argv += ["--timing-profile", profile]
+    if blocks:
+        argv += ["--num-gpu-blocks-override", str(blocks)]
+    # dev mode serves POST /reset_prefix_cache, so every router starts on cold caches
+    return Proc("engine", argv, port, {"PYTHONHASHSEED": "0", "VLLM_SERVER_DEV_MODE": "1"})
+
+
+def start_router(kind: str, engines: list[Proc]) -> Proc:
+    port, metrics_port = free_port(), free_port()
+    urls = [e.url for e in engines]
+    if kind == "tandem":
+        argv = [sys.executable, "-m", "tandem.cli", "router", "--host", "127.0.0.1", "--port", str(port),
+                "--model", MODEL, "--block-size", "16", "--log-level", "warning"]  # fmt: skip
+        for url in urls:
+            argv += ["--worker", url]
+        return Proc("tandem", argv + TANDEM_EXTRA_ARGS, port)
+    # flags both peers share (they come from one code base); ports set explicitly, see PROTOCOLS.md §6
+    shared = ["--host", "127.0.0.1", "--port", str(port), "--worker-urls", *urls,
+              "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port)]  # fmt: skip
+    if kind == "sglang":
+        argv = [str(PEERS / "bin" / "python"), "-m", "sglang_router.launch_router", *shared,
+                "--policy", "cache_aware", "--log-level", "warn"]  # fmt: skip
+        # cwd outside the repository: its top-level operator/ would shadow the stdlib module
+        return Proc("sglang", argv, port, cwd=Path("/tmp"))
+    if kind == "vllm":
+        argv = [str(PEERS / "bin" / "vllm-router"), *shared, "--policy", VLLM_POLICY,
+                "--log-level", "warning"]  # fmt: skip
+        return Proc("vllm", argv, port, cwd=Path("/tmp"))
+    raise ValueError(kind)
+
+
+# vllm-router's cache_aware policy asks every worker for POST /v1/completions/render per request;
+# the emulator has no /render (see the printed note), so cache_aware is checked first and the
+# benchmark falls back to the policy that works.
+VLLM_POLICY = "cache_aware"
+TANDEM_EXTRA_ARGS: list[str] = []
+
+
+# -- load --------------------------------------------------------------------------------------
+
+
+@dataclass
+class Sample:
+    ok: bool
+    latency: float
+    ttft: float | None = None
+    tokens: int = 0
+    status: int = 0
+
+
+@dataclass
+class Run:
+    samples: list[Sample] = field(default_factory=list)
+    wall: float = 0.0
+
+    @property
+    def good(self) -> list[Sample]:
+        return [s for s in self.samples if s.ok]
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+async def one_request(
+    session: aiohttp.ClientSession, url: str, body: bytes, stream: bool
+) -> Sample:
+    start = time.perf_counter()
+    try:
+        async with session.post(
+            url + "/v1/completions", data=body, headers={"content-type": "application/json"}
+        ) as response:
+            if not stream:
+                data = await response.read()
+                latency = time.perf_counter() - start
+                ok = response.status == 200
+                tokens = json.loads(data)["usage"]["completion_tokens"] if ok else 0
+                return Sample(ok, latency, latency, tokens, response.status)
+            ttft = None
+            tokens = 0
+            async for line in response.content:
+                if line.startswith(b"data: {"):
+                    if ttft is None:
+                        ttft = time.perf_counter() - start
+                    if b'"text"' in line:
+                        tokens += 1
+            return Sample(
+                response.status == 200 and ttft is not None,
+                time.perf_counter() - start,
+                ttft,
+                tokens,
+                response.status,
+            )
+    except (TimeoutError, aiohttp.ClientError):
+        return Sample(False, time.perf_counter() - start)
+
+
+async def closed_loop(
+    url: str, bodies: list[bytes], concurrency: int, stream: bool, time_limit: float
+) -> Run:
+    """Send `bodies` with `concurrency` in flight; stops early at `time_limit` seconds."""
+    run = Run()
+    queue = list(reversed(bodies))
+    deadline = time.monotonic() + time_limit
+    connector = aiohttp.TCPConnector(limit=0, force_close=False)
+    timeout = aiohttp.ClientTimeout(total=120)
+    async with aiohttp.ClientSession(
+        connector=connector,
+        timeout=timeout,
+        cookie_jar=aiohttp.DummyCookieJar(),
+        auto_decompress=False,
+    ) as session:
+
+        async def worker() -> None:
+            while queue and time.monotonic() < deadline:
+                run.samples.append(await one_request(session, url, queue.pop(), stream))
+
+        start = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        run.wall = time.perf_counter() - start
+    return run
+
+
+def tiny_bodies(n: int, seed: int) -> list[bytes]:
+    rng = random.Random(seed)
+    return [
+        json.dumps(
+            {
+                "model": MODEL,
+                "prompt": f"ping {rng.randrange(10**9)} hello",
+                "max_tokens": 1,
+                "temperature": 0,
+            }
+        ).encode()
+        for _ in range(n)
+    ]
+
+
+WORDS = [
+    "cache",
+    "prefix",
+    "router",
+    "engine",
+    "decode",
+    "prefill",
+    "token",
+    "block",
+    "stream",
+    "batch",
+    "model",
+    "queue",
+    "latency",
+    "kubernetes",
+    "operator",
+    "request",
+    "system",
+    "policy",
+    "answer",
+    "question",
+    "context",
+    "memory",
+]
+
+
+def shared_prefix_bodies(
+    groups: int, per_group: int, prefix_words: int, max_tokens: int, seed: int
+) -> list[bytes]:
+    rng = random.Random(seed)
+    prefixes = [
+        " ".join(rng.choice(WORDS) for _ in range(prefix_words)) + f" [group {g}]"
+        for g in range(groups)
+    ]
+    bodies = []
+    for i in range(groups * per_group):
+        g = rng.randrange(groups)
+        question = " ".join(rng.choice(WORDS) for _ in range(20))
+        bodies.append(
+            json.dumps(
+                {
+                    "model": MODEL,
+                    "prompt": f"{prefixes[g]}\nQ{i}: {question}\nA:",
+                    "max_tokens": max_tokens,
+                    "ignore_eos": True,
+                    "stream": True,
+                    "temperature": 0,
+                }
+            ).encode()
+        )
+    return bodies
+
+
+async def engine_counters(engines: list[Proc]) -> list[dict[str, float]]:
+    names = (
+        "vllm:prefix_cache_hits_total",
+        "vllm:prefix_cache_queries_total",
+        "vllm:request_success_total",
+    )
+    out = []
+    async with aiohttp.ClientSession() as session:
+        for engine in engines:
+            async with session.get(engine.url + "/metrics") as r:
+                text = await r.text()
+            values = dict.fromkeys(names, 0.0)
+            for line in text.splitlines():
+                for name in names:
+                    if line.startswith(name):
+                        values[name] += float(line.rsplit(" ", 1)[1])
+            out.append(values)
+    return out
+
+
+async def reset_caches(engines: list[Proc]) -> None:
+    async with aiohttp.ClientSession() as session:
+        for engine in engines:
+            async with session.post(engine.url + "/reset_prefix_cache") as r:
+                if r.status != 200:
+                    raise RuntimeError(
+                        f"{engine.url}/reset_prefix_cache answered {r.status}: {await r.text()}"
+                    )
+
+
+# -- the three measurements --------------------------------------------------------------------
+
+
+async def measure_overhead(
+    kinds: list[str], n1: int, n64: int, time_limit: float, rounds: int = 3
+) -> dict[str, dict[str, float]]:
+    """Latency through each router and directly, interleaved over `rounds`; medians of the rounds.
+
+    Every router runs beside the others in front of the same engine, so the rounds alternate
+    direct -> tandem -> sglang -> vllm and drifts of the shared machine hit all of them alike.
+    """
+    engine = start_engine(speedup=1000.0, profile=None, blocks=None)
+    routers: dict[str, Proc] = {}
+    per_round: dict[str, list[dict[str, float]]] = {}
+    try:
+        await engine.wait_ready("/health")
+        for kind in kinds:
+            routers[kind] = start_router(kind, [engine])
+        for kind, router in routers.items():
+            await router.wait_ready("/health" if kind != "tandem" else "/v1/models")
+        urls = {"direct": engine.url} | {kind: router.url for kind, router in routers.items()}
+        for url in urls.values():
+            await closed_loop(url, tiny_bodies(200, 1), 8, False, time_limit)  # warm-up
+        for round_ in range(rounds):
+            for name, url in urls.items():
+                c1 = await closed_loop(url, tiny_bodies(n1, 10 + round_), 1, False, time_limit)
+                c64 = await closed_loop(url, tiny_bodies(n64, 20 + round_), 64, False, time_limit)
+                lat1 = [s.latency for s in c1.good]
+                lat64 = [s.latency for s in c64.good]
+                per_round.setdefault(name, []).append(
+                    {
+                        "c1_p50": pct(lat1, 0.5),
+                        "c1_p99": pct(lat1, 0.99),
+                        "c64_p50": pct(lat64, 0.5),
+                        "c64_p99": pct(lat64, 0.99),
+                        "errors": len(c1.samples) + len(c64.samples) - len(lat1) - len(lat64),
+                    }
+                )
+    finally:
+        for router in routers.values():
+            router.stop()
+        engine.stop()
+    return {
+        name: {key: statistics.median(r[key] for r in rows) for key in rows[0]}
+        | {"errors": sum(r["errors"] for r in rows)}
+        for name, rows in per_round.items()
+    }
+
+
+async def measure_throughput(
+    kinds: list[str], n: int, time_limit: float
+) -> dict[str, dict[str, float]]:
+    engines = [start_engine(speedup=1000.0, profile=None, blocks=None) for _ in range(4)]
+    results: dict[str, dict[str, float]] = {}
+    try:
+        await asyncio.gather(*(e.wait_ready("/health") for e in engines))
+        for kind in kinds:
+            router = start_router(kind, engines)
+            try:
+                await router.wait_ready("/health" if kind != "tandem" else "/v1/models")
+                await closed_loop(router.url, tiny_bodies(300, 4), 16, False, time_limit)  # warm-up
+                cpu0 = router.cpu_seconds()
+                run = await closed_loop(router.url, tiny_bodies(n, 5), 64, False, time_limit)
+                cpu = max(router.cpu_seconds() - cpu0, 1e-3)
+                good = len(run.good)
+                results[kind] = {
+                    "rps": good / run.wall,
+                    "cpu_s": cpu,
+                    "rps_per_core": good / cpu,
+                    "errors": len(run.samples) - good,
+                }
+            finally:
+                router.stop()
+    finally:
+        for engine in engines:
+            engine.stop()
+    return results
+
+
+async def measure_shared_prefix(
+    kinds: list[str],
+    groups: int,
+    per_group: int,
+    concurrency: int,
+    time_limit: float,
+    rounds: int = 2,
+) -> dict[str, dict[str, float]]:
+    """The shared-prefix workload, each router once per round, the order rotating between rounds.
+
+    Engines' prefix caches are reset before every run. TTFTs are pooled over the rounds; output
+    tokens/s is the median of the runs; hit rate and per-engine loads are summed over them.
+    """
+    # Each engine holds ~9 prefixes (900 blocks x 16 tokens); the cold start costs every router the
+    # same 8 misses, after that a router keeps hitting as long as it keeps groups together.
+    engines = [start_engine(speedup=4.0, profile="llm-d-h100-8b", blocks=900) for _ in range(4)]
+    bodies = shared_prefix_bodies(groups, per_group, prefix_words=1200, max_tokens=24, seed=7)
+    ttfts: dict[str, list[float]] = {k: [] for k in kinds}
+    rates: dict[str, list[float]] = {k: [] for k in kinds}
+    totals: dict[str, dict[str, float]] = {
+        k: {"hits": 0, "queries": 0, "requests": 0, "errors": 0} for k in kinds
+    }
+    loads: dict[str, list[float]] = {k: [0.0] * len(engines) for k in kinds}
+    try:
+        await asyncio.gather(*(e.wait_ready("/health") for e in engines))
+        for round_ in range(rounds):
+            for kind in kinds[round_ % len(kinds) :] + kinds[: round_ % len(kinds)]:
+                await reset_caches(engines)
+                router = start_router(kind, engines)
+                try:
+                    await router.wait_ready("/health" if kind != "tandem" else "/v1/models")
+                    before = await engine_counters(engines)
+                    run = await closed_loop(router.url, bodies, concurrency, True, time_limit)
+                    after = await engine_counters(engines)
+                finally:
+                    router.stop()
+                delta = [{k: a[k] - b[k] for k in a} for a, b in zip(after, before, strict=True)]
+                totals[kind]["hits"] += sum(d["vllm:prefix_cache_hits_total"] for d in delta)
+                totals[kind]["queries"] += sum(d["vllm:prefix_cache_queries_total"] for d in delta)
+                totals[kind]["requests"] += len(run.good)
+                totals[kind]["errors"] += len(run.samples) - len(run.good)
+                for i, d in enumerate(delta):
+                    loads[kind][i] += d["vllm:request_success_total"]
+                ttfts[kind].extend(s.ttft for s in run.good if s.ttft is not None)
+                rates[kind].append(sum(s.tokens for s in run.good) / run.wall)
+    finally:
+        for engine in engines:
+            engine.stop()
+    results: dict[str, dict[str, float]] = {}
+    for kind in kinds:
+        t = totals[kind]
+        results[kind] = {
+            "ttft_p50": pct(ttfts[kind], 0.5),
+            "ttft_p90": pct(ttfts[kind], 0.9),
+            "ttft_p99": pct(ttfts[kind], 0.99),
+            "out_tok_s": statistics.median(rates[kind]) if rates[kind] else float("nan"),
+            "hit_rate": t["hits"] / t["queries"] if t["queries"] else 0.0,
+            "max_mean_load": max(loads[kind]) / statistics.mean(loads[kind])
+            if sum(loads[kind])
+            else float("nan"),
+            "requests": t["requests"],
+            "errors": t["errors"],
+        }
+    return results
+
+
+async def check_vllm_policy() -> str:
+    """Whether vllm-router's cache_aware works on the emulator (it needs /render); else power_of_two."""
+    engine = start_engine(speedup=1000.0, profile=None, blocks=None)
+    router = None
+    try:
+        await engine.wait_ready("/health")
+        router = start_router("vllm", [engine])
+        await router.wait_ready("/health", limit_s=60)
+        run = await closed_loop(router.url, tiny_bodies(5, 9), 1, False, 20)
+        return "cache_aware" if len(run.good) == 5 else "power_of_two"
+    except (RuntimeError, TimeoutError):
+        return "power_of_two"
+    finally:
+        if router is not None:
+            router.stop()
+        engine.stop()
+
+
+# -- report ------------------------------------------------------------------------------------
+
+
+def ratio(value: float, base: float) -> str:
+    return f"{value / base:5.2f}x" if base and base == base and value == value else "  n/a"
+
+
+def print_report(
+    kinds: list[str],
+    overhead: dict[str, dict[str, float]],
+    throughput: dict[str, dict[str, float]],
+    prefix: dict[str, dict[str, float]],
+) -> None:
+    ref = "sglang" if "sglang" in kinds else kinds[0]
+    print(
+        "\n(a) added latency vs calling the engine directly (non-streaming, max_tokens=1; medians of "
+        "interleaved rounds), microseconds: added (absolute)"
+    )
+    keys = ("c1_p50", "c1_p99", "c64_p50", "c64_p99")
+    direct = overhead.get("direct", {})
+    header = "".join(f"{k.replace('_', ' '):>19}" for k in keys)
+    print(f"    {'router':<8}{header} {'errors':>6}   c1 p50 added vs {ref}")
+    if direct:
+        cells = "".join(f"{'(' + format(direct[k] * 1e6, '.0f') + ')':>19}" for k in keys)
+        print(f"    {'direct':<8}{cells} {int(direct['errors']):6d}")
+    for kind in kinds:
+        row = overhead.get(kind)
+        if not row:
+            continue
+        added = {k: (row[k] - direct.get(k, 0.0)) * 1e6 for k in keys}
+        cells = "".join(
+            f"{format(added[k], '+.0f') + ' (' + format(row[k] * 1e6, '.0f') + ')':>19}"
+            for k in keys
+        )
+        base = (
+            (overhead[ref]["c1_p50"] - direct.get("c1_p50", 0.0)) * 1e6
+            if ref in overhead
+            else float("nan")
+        )
+        print(f"    {kind:<8}{cells} {int(row['errors']):6d}   {ratio(added['c1_p50'], base)}")
+    print("\n(b) throughput per router core (closed loop, concurrency 64, 4 engines)")
+    print(
+        f"    {'router':<8} {'req/s':>8} {'cpu s':>7} {'req/s/core':>11} {'errors':>6}   vs {ref}"
+    )
+    for kind in kinds:
+        row = throughput.get(kind)
+        if row:
+            print(
+                f"    {kind:<8} {row['rps']:8.0f} {row['cpu_s']:7.2f} {row['rps_per_core']:11.0f} "
+                f"{int(row['errors']):6d}   {ratio(row['rps_per_core'], throughput.get(ref, {}).get('rps_per_core', 0))}"
+            )
+    print(
+        "\n(c) shared-prefix workload (4 engines, 8 prefixes of ~1500 tokens, streaming, concurrency 16; "
+        "rounds pooled)"
+    )
+    print(
+        f"    {'router':<8} {'TTFT p50':>9} {'p90':>8} {'p99':>8} {'out tok/s':>10} {'hit rate':>9} "
+        f"{'max/mean':>9} {'req':>5} {'err':>4}   TTFT p50 vs {ref}"
+    )
+    for kind in kinds:
+        row = prefix.get(kind)
+        if row:
+            print(
+                f"    {kind:<8} {row['ttft_p50'] * 1e3:7.0f}ms {row['ttft_p90'] * 1e3:6.0f}ms {row['ttft_p99'] * 1e3:6.0f}ms "
+                f"{row['out_tok_s']:10.0f} {row['hit_rate']:9.1%} {row['max_mean_load']:9.2f} {int(row['requests']):5d} "
+                f"{int(row['errors']):4d}   {ratio(row['ttft_p50'], prefix.get(ref, {}).get('ttft_p50', 0))}"
+            )
+
+
+async def main_async(args: argparse.Namespace) -> int:
+    global VLLM_POLICY
+    TANDEM_EXTRA_ARGS.extend(args.tandem_args.split())
+    kinds = [k.strip() for k in args.routers.split(",") if k.strip()]
+    if any(k != "tandem" for k in kinds):
+        ensure_peers()
+    if "vllm" in kinds:
+        VLLM_POLICY = await check_vllm_policy()
+        if VLLM_POLICY != "cache_aware":
+            print(
+                "note: vllm-router's cache_aware policy needs POST /v1/completions/render on workers, which the "
+                f"emulator does not serve; vllm-router runs with --policy {VLLM_POLICY} instead."
+            )
+    scale = 0.3 if args.quick else 1.0
+    overhead = throughput = prefix = {}
+    if "a" in args.parts:
+        overhead = await measure_overhead(
+            kinds, int(1000 * scale), int(4000 * scale), args.time_limit
+        )
+    if "b" in args.parts:
+        throughput = await measure_throughput(kinds, int(6000 * scale), args.time_limit)
+    if "c" in args.parts:
+        prefix = await measure_shared_prefix(
+            kinds,
+            groups=8,
+            per_group=int(40 * scale) or 4,
+            concurrency=16,
+            time_limit=args.time_limit,
+        )
+    print_report(kinds, overhead, throughput, prefix)
+    if args.json:
+        await asyncio.to_thread(
+            Path(args.json).write_text,
+            json.dumps(
+                {
+                    "overhead": overhead,
+                    "throughput": throughput,
+                    "shared_prefix": prefix,
+                    "vllm_policy": VLLM_POLICY,
+                },
+                indent=1,
+            ),
+        )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--routers", default="tandem,sglang,vllm")
+    parser.add_argument("--quick", action="store_true", help="fewer requests (smoke run)")
+    parser.add_argument(
+        "--time-limit", type=float, default=120.0, help="seconds per load loop at most"
+    )
+    parser.add_argument("--json", help="also write the numbers to this file")
+    parser.add_argument("--tandem-args", default="", help="extra flags for `tandem router`")
+    parser.add_argument("--parts", default="abc", help="which measurements to run (a, b, c)")
+    args = parser.parse_args(argv)
+    try:
+        import uvloop
+
+        return uvloop.run(main_async(args))
+    except ImportError:
+        return asyncio.run(main_async(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

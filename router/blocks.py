@@ -1,0 +1,43 @@
+"""Router-side block keys: a fast chained hash of full token blocks, used as prefix-index keys.
+
+    key[0] = hash((SEED, bytes(block_0)))        key[i] = hash((key[i-1], bytes(block_i)))
+
+bytes(block) is the block's token ids as 32-bit little-endian integers. The keys only live inside
+this process, so Python's own hash (SipHash) is enough and costs a fraction of vLLM's SHA-256
+chain on the hot path; engines' KV events are mapped onto these keys as they arrive
+(see `kv_events.py`), which also keeps the index right if engines hash with another algorithm.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Sequence
+
+_SEED = 0x7A6D
+
+
+def block_keys(token_ids: Sequence[int], block_size: int, parent: int | None = None) -> list[int]:
+    """Chained keys of every full block of `token_ids` (a chain may continue from `parent`)."""
+    buf = array("I", token_ids).tobytes()
+    step = 4 * block_size
+    key = _SEED if parent is None else parent
+    out: list[int] = []
+    for start in range(0, len(buf) - step + 1, step):
+        key = hash((key, buf[start : start + step]))
+        out.append(key)
+    return out
+
+
+def text_block_keys(text: str, chars_per_block: int) -> list[int]:
+    """Keys of a text cut into fixed-size character chunks (the approximation without a tokenizer)."""
+    key = _SEED
+    out: list[int] = []
+    for start in range(0, len(text) - chars_per_block + 1, chars_per_block):
+        key = hash((key, text[start : start + chars_per_block]))
+        out.append(key)
+    return out
+
+
+def salted_parent(salt: str | None) -> int | None:
+    """The chain seed of a request with `cache_salt` (vLLM mixes the salt into block 0 only)."""
+    return None if salt is None else hash((_SEED, "cache_salt", salt))

@@ -1,0 +1,1 @@
+"""Engine discovery: a static list (local use) or a Kubernetes Pod watch, both feeding the EnginePool."""

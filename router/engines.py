@@ -1,0 +1,92 @@
+"""The router's view of one engine: where it is, its roles, health and load (router + scraped)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Role = Literal["prefill", "decode"]
+
+
+@dataclass(eq=False)
+class Engine:
+    """One vLLM-compatible engine. `id` is its base URL, which is unique in a pool."""
+
+    url: str
+    roles: frozenset[str]
+    kv_events: str | None = None
+    kv_events_replay: str | None = None
+    healthy: bool = True
+    # Requests the router has open on this engine right now.
+    in_flight: int = 0
+    # Of those, requests whose first byte has not come back yet.
+    pending: int = 0
+    # Scraped from the engine's /metrics (vllm:num_requests_waiting / _running / kv_cache_usage_perc).
+    waiting: float = 0.0
+    running: float = 0.0
+    kv_usage: float = 0.0
+    consecutive_failures: int = 0
+    labels: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def id(self) -> str:
+        return self.url
+
+    def load(self, running_weight: float = 0.25) -> float:
+        """Requests ahead of a new request's first token on this engine:
+
+            load = max(pending, waiting) + running_weight * max(in_flight - pending, running)
+
+        `pending` are the router's requests that have not had their first byte back yet (queued or
+        prefilling), `waiting`/`running` the engine's scraped `vllm:num_requests_*`. The router's
+        counts are live but miss other router replicas; the engine's are complete but up to one
+        scrape interval old; adding them would count each request twice, so take the larger. A
+        request that is already decoding delays a new one's first token far less than a queued
+        prefill under continuous batching, hence `running_weight` (config `runningWeight`).
+        """
+        queued = self.pending if self.pending > self.waiting else self.waiting
+        decoding: float = self.in_flight - self.pending
+        if self.running > decoding:
+            decoding = self.running
+        return queued + running_weight * decoding
+
+    def serves(self, role: Role) -> bool:
+        return role in self.roles
+
+    @property
+    def colocated(self) -> bool:
+        return "prefill" in self.roles and "decode" in self.roles
+
+
+class EnginePool:
+    """All known engines, keyed by URL; discovery adds and removes, the proxy reads."""
+
+    def __init__(self) -> None:
+        self.engines: dict[str, Engine] = {}
+        self.generation = 0  # bumped on every membership change
+
+    def upsert(self, engine: Engine) -> Engine:
+        current = self.engines.get(engine.url)
+        if current is None:
+            self.engines[engine.url] = engine
+            self.generation += 1
+            return engine
+        if current.roles != engine.roles or current.kv_events != engine.kv_events:
+            current.roles = engine.roles
+            current.kv_events = engine.kv_events
+            current.kv_events_replay = engine.kv_events_replay
+            self.generation += 1
+        return current
+
+    def remove(self, url: str) -> Engine | None:
+        engine = self.engines.pop(url, None)
+        if engine is not None:
+            engine.healthy = False
+            self.generation += 1
+        return engine
+
+    def candidates(self, role: Role) -> list[Engine]:
+        return [e for e in self.engines.values() if e.healthy and role in e.roles]
+
+    def all(self, role: Role | None = None) -> list[Engine]:
+        return [e for e in self.engines.values() if role is None or role in e.roles]

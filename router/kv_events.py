@@ -1,0 +1,223 @@
+"""KV-event subscriber: one ZMQ SUB per engine feeding the exact prefix index, with replay.
+
+Frames are `[topic, seq (8-byte big-endian), msgpack [ts, events, dp_rank]]`. On (re)connect and
+whenever a sequence gap shows up, the DEALER replay socket asks for every buffered batch from the
+first missing seq (`[b"", start]` -> `[b"", topic, seq, payload]`... `[b"", b"", -1, b""]`).
+Events are mapped onto the router's own block keys (`blocks.py`): a BlockStored's token ids are
+keyed in a chain continuing from its parent's key, so request keys and event keys always agree.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import OrderedDict
+from typing import Any
+
+import msgspec
+import zmq
+import zmq.asyncio
+
+from tandem.router.blocks import block_keys, salted_parent
+from tandem.router.hashing import BlockHasher
+from tandem.router.index import PrefixIndex
+
+log = logging.getLogger("tandem.router.kv_events")
+_END_SEQ = (-1).to_bytes(8, "big", signed=True)
+
+
+class EngineBlockMap:
+    """Applies one engine's KV events to the index; maps the engine's block hashes to our keys."""
+
+    def __init__(
+        self, engine: str, index: PrefixIndex, block_size: int, hasher: BlockHasher | None = None
+    ):
+        self.engine = engine
+        self.index = index
+        self.block_size = block_size
+        self.hasher = hasher  # checks once that the engines hash the way the config says
+        self._keys: OrderedDict[int, list[int]] = OrderedDict()  # engine hash -> [key, count]
+        self._max = 2 * index.max_blocks_per_engine
+        self.applied = 0
+        self.hash_config_matches: bool | None = None
+        self._warned_block_size = False
+
+    def apply(self, events: list[Any]) -> None:
+        for event in events:
+            if not isinstance(event, dict):  # array-encoded events (older vLLM) are ignored
+                continue
+            kind = event.get("type")
+            if kind == "BlockStored":
+                self._stored(event)
+            elif kind == "BlockRemoved":
+                self._removed(event.get("block_hashes") or [])
+            elif kind == "AllBlocksCleared":
+                self.clear()
+            self.applied += 1
+
+    def clear(self) -> None:
+        self.index.clear(self.engine)
+        self._keys.clear()
+
+    def _stored(self, event: dict[str, Any]) -> None:
+        hashes: list[int] = event.get("block_hashes") or []
+        tokens: list[int] = event.get("token_ids") or []
+        size = int(event.get("block_size") or self.block_size)
+        if size != self.block_size and not self._warned_block_size:
+            log.warning(
+                "engine %s uses block size %d, router %d: prefix hits will not match",
+                self.engine,
+                size,
+                self.block_size,
+            )
+            self._warned_block_size = True
+        parent_hash = event.get("parent_block_hash")
+        if parent_hash is None:
+            extra = (event.get("extra_keys") or [None])[0]
+            salt = (
+                extra[0]
+                if isinstance(extra, list) and extra and isinstance(extra[0], str)
+                else None
+            )
+            parent = salted_parent(salt)
+            if (
+                self.hasher is not None
+                and self.hash_config_matches is None
+                and salt is None
+                and hashes
+            ):
+                expected = self.hasher.block_hashes(tokens[:size])
+                self.hash_config_matches = bool(expected) and expected[0] == hashes[0]
+                if not self.hash_config_matches:
+                    log.warning(
+                        "engine %s hashes blocks with another algorithm or seed than the "
+                        "router's hashAlgo/hashSeed; the index keys on token ids, so routing "
+                        "is unaffected",
+                        self.engine,
+                    )
+        else:
+            entry = self._keys.get(parent_hash)
+            if entry is None:
+                return  # parent unknown (evicted from our bound): the chain cannot be keyed
+            parent = entry[0]
+        keys = block_keys(tokens, size, parent)
+        for engine_hash, key in zip(hashes, keys, strict=False):
+            entry = self._keys.get(engine_hash)
+            if entry is None:
+                self._keys[engine_hash] = [key, 1]
+            else:
+                entry[1] += 1
+                self._keys.move_to_end(engine_hash)
+        self.index.store(self.engine, keys[: len(hashes)])
+        while len(self._keys) > self._max:
+            self._keys.popitem(last=False)
+
+    def _removed(self, hashes: list[int]) -> None:
+        for engine_hash in hashes:
+            entry = self._keys.get(engine_hash)
+            if entry is None:
+                continue
+            self.index.remove(self.engine, (entry[0],))
+            entry[1] -= 1
+            if entry[1] <= 0:
+                del self._keys[engine_hash]
+
+
+_payload_decoder = msgspec.msgpack.Decoder()
+
+
+def decode_payload(payload: bytes) -> list[Any]:
+    """The events of one msgpack batch `[ts, events, dp_rank]`."""
+    batch = _payload_decoder.decode(payload)
+    if isinstance(batch, list) and len(batch) >= 2 and isinstance(batch[1], list):
+        return batch[1]
+    return []
+
+
+class KvEventSubscriber:
+    """Keeps one engine's slice of the index in sync with its KV events until stopped."""
+
+    def __init__(
+        self,
+        block_map: EngineBlockMap,
+        endpoint: str,
+        replay_endpoint: str | None,
+        context: zmq.asyncio.Context,
+        replay_timeout_s: float = 2.0,
+    ):
+        self.map = block_map
+        self.endpoint = endpoint
+        self.replay_endpoint = replay_endpoint
+        self.context = context
+        self.replay_timeout_s = replay_timeout_s
+        self.last_seq: int | None = None
+        self.replays = 0
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=f"kv-events {self.endpoint}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+
+    def _accept(self, seq: int, payload: bytes) -> None:
+        self.map.apply(decode_payload(payload))
+        self.last_seq = seq
+
+    async def _run(self) -> None:
+        sub = self.context.socket(zmq.SUB)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.RCVHWM, 100000)
+        sub.connect(self.endpoint)
+        try:
+            await self._replay(0)
+            while True:
+                frames = await sub.recv_multipart()
+                if len(frames) < 3:
+                    continue
+                seq = int.from_bytes(frames[-2], "big", signed=True)
+                last = self.last_seq
+                if last is not None and seq <= last:
+                    if seq < last - 1 and seq == 0:  # the engine restarted: start over
+                        self.map.clear()
+                        self.last_seq = None
+                    else:
+                        continue
+                elif last is not None and seq > last + 1:
+                    await self._replay(last + 1)
+                    if self.last_seq is not None and seq <= self.last_seq:
+                        continue
+                try:
+                    self._accept(seq, frames[-1])
+                except (msgspec.DecodeError, ValueError, TypeError, KeyError):
+                    log.warning("undecodable KV-event batch seq %d from %s", seq, self.endpoint)
+        except asyncio.CancelledError:
+            raise
+        finally:
+            sub.close(0)
+
+    async def _replay(self, start: int) -> None:
+        if not self.replay_endpoint:
+            return
+        self.replays += 1
+        dealer = self.context.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        dealer.connect(self.replay_endpoint)
+        try:
+            await dealer.send_multipart([b"", start.to_bytes(8, "big")])
+            while True:
+                frames = await asyncio.wait_for(dealer.recv_multipart(), self.replay_timeout_s)
+                if len(frames) < 4 or frames[2] == _END_SEQ:
+                    return
+                seq = int.from_bytes(frames[2], "big", signed=True)
+                if self.last_seq is None or seq > self.last_seq:
+                    self._accept(seq, frames[3])
+        except TimeoutError:
+            log.info("KV-event replay from %s timed out", self.replay_endpoint)
+        finally:
+            dealer.close(0)

@@ -1,0 +1,165 @@
+"""`tandem router`: run the KV-aware prefill/decode router from a config file or from flags."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+
+from pydantic import ValidationError
+
+from tandem.router.config import RouterConfig, StaticDiscovery, StaticEndpoint
+
+EPILOG = """\
+static engines:  --prefill URL, --decode URL (repeatable); a URL given as both, or as --worker URL,
+                 serves prefill and decode itself (colocated).
+KV events:       --kv-events ENGINE_URL=PUB_ENDPOINT[,REPLAY_ENDPOINT], e.g.
+                 --kv-events http://127.0.0.1:8101=tcp://127.0.0.1:5557,tcp://127.0.0.1:5558
+                 (exact prefix index; needs --tokenizer). Without it the router uses the
+                 approximate index built from its own routing history.
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="tandem router",
+        description=__doc__,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--config", help="RouterConfig YAML (what the operator renders); flags override it"
+    )
+    p.add_argument("--host")
+    p.add_argument("--port", type=int)
+    p.add_argument(
+        "--model", "--served-model-name", dest="model", help="the model name clients send"
+    )
+    p.add_argument("--prefill", action="append", default=[], metavar="URL")
+    p.add_argument("--decode", action="append", default=[], metavar="URL")
+    p.add_argument("--worker", action="append", default=[], metavar="URL")
+    p.add_argument(
+        "--kv-events", action="append", default=[], metavar="URL=tcp://HOST:PORT[,tcp://HOST:PORT]"
+    )
+    p.add_argument(
+        "--no-kv-events", action="store_true", help="ignore KV events; approximate index only"
+    )
+    p.add_argument("--block-size", type=int)
+    p.add_argument("--hash-algo", choices=["sha256", "sha256_cbor"])
+    p.add_argument("--hash-seed", help="the engines' PYTHONHASHSEED")
+    p.add_argument("--tokenizer", metavar="DIR", help="directory with the model's tokenizer.json")
+    p.add_argument("--prefix-weight", type=float)
+    p.add_argument("--queue-weight", type=float)
+    p.add_argument("--kv-usage-weight", type=float)
+    p.add_argument("--load-bound-factor", type=float)
+    p.add_argument("--load-bound-slack", type=float)
+    p.add_argument("--spread-weight", type=float)
+    p.add_argument("--running-weight", type=float)
+    p.add_argument("--disaggregation", choices=["auto", "always", "never"])
+    p.add_argument("--min-uncached-tokens", type=int)
+    p.add_argument("--max-queue", type=int)
+    p.add_argument("--max-in-flight", type=int)
+    p.add_argument("--api-key", action="append", default=[])
+    p.add_argument("--log-level")
+    return p
+
+
+def _kv_events(values: list[str]) -> dict[str, tuple[str, str | None]]:
+    out: dict[str, tuple[str, str | None]] = {}
+    for value in values:
+        url, sep, endpoints = value.partition("=")
+        if not sep or (not endpoints.startswith("tcp://") and not endpoints.startswith("ipc://")):
+            raise SystemExit(
+                f"--kv-events wants ENGINE_URL=tcp://HOST:PORT[,tcp://HOST:PORT], got {value!r}"
+            )
+        pub, _, replay = endpoints.partition(",")
+        out[url.rstrip("/")] = (pub, replay or None)
+    return out
+
+
+def config_from_args(args: argparse.Namespace) -> RouterConfig:
+    data: dict[str, object] = {}
+    if args.config:
+        data = RouterConfig.from_yaml_file(args.config).model_dump(by_alias=True, exclude_none=True)
+    if args.prefill or args.decode or args.worker:
+        events = _kv_events(args.kv_events)
+
+        def endpoint(url: str) -> StaticEndpoint:
+            pub, replay = events.get(url.rstrip("/"), (None, None))
+            return StaticEndpoint(url=url.rstrip("/"), kv_events=pub, kv_events_replay=replay)
+
+        data["static"] = StaticDiscovery(
+            prefill=[endpoint(u) for u in args.prefill],
+            decode=[endpoint(u) for u in args.decode],
+            workers=[endpoint(u) for u in args.worker],
+        ).model_dump(by_alias=True, exclude_none=True)
+        data.pop("kubernetes", None)
+    flat = {
+        "host": args.host,
+        "port": args.port,
+        "servedModelName": args.model,
+        "blockSize": args.block_size,
+        "hashAlgo": args.hash_algo,
+        "hashSeed": args.hash_seed,
+        "tokenizer": args.tokenizer,
+        "logLevel": args.log_level,
+    }
+    data.update({k: v for k, v in flat.items() if v is not None})
+    if args.no_kv_events:
+        data["kvEvents"] = False
+    if args.api_key:
+        data["apiKeys"] = args.api_key
+    for section, key, value in (
+        ("scoring", "prefixWeight", args.prefix_weight),
+        ("scoring", "queueWeight", args.queue_weight),
+        ("scoring", "kvUsageWeight", args.kv_usage_weight),
+        ("scoring", "loadBoundFactor", args.load_bound_factor),
+        ("scoring", "loadBoundSlack", args.load_bound_slack),
+        ("scoring", "spreadWeight", args.spread_weight),
+        ("scoring", "runningWeight", args.running_weight),
+        ("disaggregation", "mode", args.disaggregation),
+        ("disaggregation", "minUncachedTokens", args.min_uncached_tokens),
+        ("admission", "maxQueue", args.max_queue),
+        ("admission", "maxInFlight", args.max_in_flight),
+    ):
+        if value is not None:
+            section_data = data.setdefault(section, {})
+            assert isinstance(section_data, dict)
+            section_data[key] = value
+    return RouterConfig.model_validate(data)
+
+
+async def serve(config: RouterConfig) -> None:
+    from tandem.router.service import RouterService
+
+    service = RouterService(config)
+    await service.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await service.stop()
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        config = config_from_args(args)
+    except ValidationError as exc:
+        print(f"tandem router: invalid configuration:\n{exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        import uvloop
+
+        uvloop.run(serve(config))
+    except ImportError:
+        asyncio.run(serve(config))
+    return 0

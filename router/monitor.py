@@ -1,0 +1,85 @@
+"""Engine monitor: scrapes each engine's /metrics at a short interval and checks /health."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from tandem.router.engine_metrics import parse_engine_load
+from tandem.router.engines import Engine, EnginePool
+from tandem.router.upstream import UpstreamError, Upstreams
+
+log = logging.getLogger("tandem.router.monitor")
+
+
+class EngineMonitor:
+    """One loop over all engines: load every `scrape_s`, health every `health_s`.
+
+    An engine is healthy while /health answers 200; one failed check marks it unhealthy (the proxy
+    also marks an engine unhealthy at once on a refused connection) and the next good one restores it.
+    """
+
+    def __init__(self, pool: EnginePool, scrape_s: float, health_s: float, timeout_s: float = 2.0):
+        self.pool = pool
+        self.scrape_s = scrape_s
+        self.health_s = health_s
+        self.timeout_s = timeout_s
+        self.upstreams = Upstreams(connect_timeout=timeout_s)
+        self._task: asyncio.Task[None] | None = None
+        self._last_health = 0.0
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="engine-monitor")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        self.upstreams.close()
+
+    async def check_all(self, health: bool) -> None:
+        engines = list(self.pool.engines.values())
+        await asyncio.gather(*(self._check(e, health) for e in engines))
+        known = set(self.pool.engines)
+        for url in [u for u in list(self.upstreams.pools) if u not in known]:
+            self.upstreams.drop(url)
+
+    async def _check(self, engine: Engine, health: bool) -> None:
+        pool = self.upstreams.pool(engine.url)
+        try:
+            if health or not engine.healthy:
+                response = await pool.request("GET", "/health", idle_s=self.timeout_s)
+                await response.read()
+                ok = response.status == 200
+                if ok != engine.healthy:
+                    log.info("engine %s is now %s", engine.id, "healthy" if ok else "unhealthy")
+                engine.healthy = ok
+                engine.consecutive_failures = 0 if ok else engine.consecutive_failures + 1
+            if engine.healthy:
+                response = await pool.request("GET", "/metrics", idle_s=self.timeout_s)
+                text = await response.read()
+                if response.status == 200:
+                    load = parse_engine_load(text)
+                    engine.waiting = load["waiting"]
+                    engine.running = load["running"]
+                    engine.kv_usage = load["kv_usage"]
+        except UpstreamError as exc:
+            if engine.healthy:
+                log.info("engine %s is now unhealthy: %s", engine.id, exc)
+            engine.healthy = False
+            engine.consecutive_failures += 1
+
+    async def _run(self) -> None:
+        while True:
+            now = time.monotonic()
+            health = now - self._last_health >= self.health_s
+            if health:
+                self._last_health = now
+            try:
+                await self.check_all(health)
+            except Exception:
+                log.exception("engine monitor pass failed")
+            await asyncio.sleep(self.scrape_s)

@@ -1,0 +1,62 @@
+"""Picks an engine: load-bound filter, then the weighted sum of the scorers, ties to the least busy."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from tandem.router.config import ScoringConfig
+from tandem.router.engines import Engine
+from tandem.router.scorers.kv_usage import kv_usage_score
+from tandem.router.scorers.load_bound import within_load_bound
+from tandem.router.scorers.prefix import prefix_score
+from tandem.router.scorers.queue import queue_score
+from tandem.router.scorers.spread import spread_score
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    engine: Engine
+    score: float
+    hit_blocks: int
+
+
+def score_engines(
+    engines: Sequence[Engine],
+    hits: Mapping[str, int],
+    total_blocks: int,
+    weights: ScoringConfig,
+    cached_blocks: Mapping[str, int] | None = None,
+) -> list[Choice]:
+    """Candidates within the load bound, best first.
+
+    score = w_prefix * prefix + w_queue * queue + w_kv * kv + w_spread * spread
+    (each in [0, 1], see `scorers/`; spread needs `cached_blocks`, the index's block count per engine);
+    ties go to the smaller load, then to fewer in-flight requests, then at random.
+    """
+    if not engines:
+        return []
+    if len(engines) == 1:  # nothing to choose: skip the arithmetic
+        engine = engines[0]
+        return [Choice(engine, 0.0, hits.get(engine.id, 0))]
+    loads = [e.load(weights.running_weight) for e in engines]
+    keep = within_load_bound(loads, weights.load_bound_factor, weights.load_bound_slack)
+    max_load = max(loads)
+    cached = cached_blocks or {}
+    max_cached = max(cached.values(), default=0)
+    ranked: list[tuple[float, float, int, float, Choice]] = []
+    for engine, load, ok in zip(engines, loads, keep, strict=True):
+        if not ok:
+            continue
+        hit = hits.get(engine.id, 0)
+        score = (
+            weights.prefix_weight * prefix_score(hit, total_blocks)
+            + weights.queue_weight * queue_score(load, max_load)
+            + weights.kv_usage_weight * kv_usage_score(engine.kv_usage)
+            + weights.spread_weight * spread_score(cached.get(engine.id, 0), max_cached)
+        )
+        # the last key breaks exact ties at random, so idle pools do not favour the first engine
+        ranked.append((-score, load, engine.in_flight, random.random(), Choice(engine, score, hit)))
+    ranked.sort(key=lambda r: r[:4])
+    return [r[4] for r in ranked]

@@ -1,0 +1,226 @@
+"""The running router: HTTP endpoints, discovery, engine monitor and KV-event subscribers wired together."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable
+
+import msgspec
+import zmq.asyncio
+from prometheus_client.core import GaugeMetricFamily
+
+from tandem.router.config import RouterConfig
+from tandem.router.discovery.kubernetes import PodWatcher
+from tandem.router.discovery.static import static_engines
+from tandem.router.engines import Engine, EnginePool
+from tandem.router.errors import error_body
+from tandem.router.hashing import BlockHasher
+from tandem.router.httpserver import HttpServer, Request, Responder
+from tandem.router.kv_events import EngineBlockMap, KvEventSubscriber
+from tandem.router.metrics import RouterMetrics
+from tandem.router.monitor import EngineMonitor
+from tandem.router.proxy import Router
+
+log = logging.getLogger("tandem.router")
+_encode_json = msgspec.json.Encoder().encode
+
+
+class RouterService:
+    def __init__(self, config: RouterConfig):
+        self.config = config
+        self.pool = EnginePool()
+        self.metrics = RouterMetrics()
+        self.router = Router(config, self.pool, self.metrics)
+        self.monitor = EngineMonitor(
+            self.pool,
+            config.metrics_scrape_interval_s,
+            config.health_check_interval_s,
+            timeout_s=config.timeouts.connect_s,
+        )
+        self.server = HttpServer(self.handle, config.admission.max_body_bytes)
+        self.subscribers: dict[str, KvEventSubscriber] = {}
+        self._zmq: zmq.asyncio.Context | None = None
+        self._pods: dict[str, str] = {}  # pod name -> engine url
+        self._watcher: PodWatcher | None = None
+        self._created = int(time.time())
+        self.port = 0
+        self.metrics.add_gauges(self._gauges)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> int:
+        if self.config.static is not None:
+            for engine in static_engines(self.config.static):
+                self.add_engine(engine)
+        if self.config.kubernetes is not None:
+            self._watcher = PodWatcher(
+                self.config.kubernetes, self._on_pod, self._on_resync, asyncio.get_running_loop()
+            )
+            self._watcher.start()
+        self.monitor.start()
+        self.port = await self.server.start(self.config.host, self.config.port)
+        log.info(
+            "router listening on %s:%d (%d engines, %s index)",
+            self.config.host,
+            self.port,
+            len(self.pool.engines),
+            "exact" if self.router.use_exact else "approximate",
+        )
+        return self.port
+
+    async def stop(self) -> None:
+        if self._watcher is not None:
+            self._watcher.stop()
+        await self.server.close()
+        await self.monitor.stop()
+        for subscriber in list(self.subscribers.values()):
+            await subscriber.stop()
+        self.subscribers.clear()
+        self.router.upstreams.close()
+        if self._zmq is not None:
+            self._zmq.term()
+
+    # -- membership --------------------------------------------------------------------------
+
+    def add_engine(self, engine: Engine) -> None:
+        engine = self.pool.upsert(engine)
+        if self.router.use_exact and engine.kv_events and engine.id not in self.subscribers:
+            if self._zmq is None:
+                self._zmq = zmq.asyncio.Context()
+            hasher = BlockHasher(
+                self.config.hash_algo, self.config.block_size, self.config.hash_seed
+            )
+            block_map = EngineBlockMap(
+                engine.id, self.router.exact_index, self.config.block_size, hasher
+            )
+            subscriber = KvEventSubscriber(
+                block_map, engine.kv_events, engine.kv_events_replay, self._zmq
+            )
+            self.subscribers[engine.id] = subscriber
+            subscriber.start()
+
+    def remove_engine(self, url: str) -> None:
+        if self.pool.remove(url) is None:
+            return
+        subscriber = self.subscribers.pop(url, None)
+        if subscriber is not None:
+            asyncio.get_running_loop().create_task(subscriber.stop())
+        self.router.exact_index.drop_engine(url)
+        self.router.approx_index.drop_engine(url)
+        self.router.sessions.forget_engine(url)
+        self.router.upstreams.drop(url)
+        log.info("engine %s removed", url)
+
+    def _on_pod(self, name: str, engine: Engine | None) -> None:
+        old = self._pods.get(name)
+        if engine is None:
+            if old is not None:
+                del self._pods[name]
+                self.remove_engine(old)
+            return
+        if old is not None and old != engine.url:
+            self.remove_engine(old)
+        self._pods[name] = engine.url
+        if engine.url not in self.pool.engines:
+            log.info(
+                "engine %s (pod %s, %s) added", engine.url, name, ",".join(sorted(engine.roles))
+            )
+        self.add_engine(engine)
+
+    def _on_resync(self, names: set[str]) -> None:
+        for name in [n for n in self._pods if n not in names]:
+            self._on_pod(name, None)
+
+    # -- HTTP --------------------------------------------------------------------------------
+
+    async def handle(self, request: Request, responder: Responder) -> None:
+        path = request.path
+        if path in ("/v1/completions", "/v1/chat/completions"):
+            if request.method != "POST":
+                responder.send(405, error_body(405, "Method Not Allowed"), [("allow", "POST")])
+            elif not self.router.authorized(request):
+                responder.send(
+                    401, error_body(401, "Unauthorized"), [("www-authenticate", "Bearer")]
+                )
+            else:
+                await self.router.generate(request, responder, chat=path == "/v1/chat/completions")
+            return
+        if path == "/v1/models":
+            if not self.router.authorized(request):
+                responder.send(
+                    401, error_body(401, "Unauthorized"), [("www-authenticate", "Bearer")]
+                )
+                return
+            model = {
+                "id": self.config.served_model_name,
+                "object": "model",
+                "created": self._created,
+                "owned_by": "tandem",
+                "root": self.config.served_model_name,
+                "parent": None,
+            }
+            responder.send(200, _encode_json({"object": "list", "data": [model]}))
+        elif path in ("/health", "/ping"):
+            ok = bool(self.pool.candidates("decode"))
+            responder.send(
+                200 if ok else 503, b"" if ok else error_body(503, "no healthy decode engine")
+            )
+        elif path == "/metrics":
+            responder.send(
+                200, self.metrics.render(), content_type="text/plain; version=0.0.4; charset=utf-8"
+            )
+        elif path == "/version":
+            from tandem import __version__
+
+            responder.send(200, _encode_json({"version": __version__}))
+        elif path == "/engines":
+            responder.send(
+                200, _encode_json([self._describe(e) for e in self.pool.engines.values()])
+            )
+        else:
+            responder.send(404, b'{"detail":"Not Found"}')
+
+    def _describe(self, engine: Engine) -> dict[str, object]:
+        subscriber = self.subscribers.get(engine.id)
+        return {
+            "url": engine.url,
+            "roles": sorted(engine.roles),
+            "healthy": engine.healthy,
+            "in_flight": engine.in_flight,
+            "waiting": engine.waiting,
+            "running": engine.running,
+            "kv_usage": engine.kv_usage,
+            "kv_events": engine.kv_events,
+            "indexed_blocks": self.router.exact_index.size(engine.id),
+            "history_blocks": self.router.approx_index.size(engine.id),
+            "kv_events_last_seq": subscriber.last_seq if subscriber else None,
+            "kv_events_replays": subscriber.replays if subscriber else None,
+        }
+
+    def _gauges(self) -> Iterable[GaugeMetricFamily]:
+        in_flight = GaugeMetricFamily(
+            "tandem_router_engine_in_flight",
+            "Router requests open per engine.",
+            labels=["pool", "endpoint"],
+        )
+        healthy = GaugeMetricFamily(
+            "tandem_router_engine_healthy",
+            "1 if the engine passes health checks.",
+            labels=["pool", "endpoint"],
+        )
+        for engine in self.pool.engines.values():
+            pool = "worker" if engine.colocated else next(iter(engine.roles))
+            in_flight.add_metric([pool, engine.id], engine.in_flight)
+            healthy.add_metric([pool, engine.id], 1.0 if engine.healthy else 0.0)
+        waiting = GaugeMetricFamily(
+            "tandem_router_queue_waiting", "Requests waiting in the admission queue."
+        )
+        waiting.add_metric([], self.router.admission.waiting)
+        blocks = GaugeMetricFamily(
+            "tandem_router_index_blocks", "Distinct blocks in the prefix index.", labels=["index"]
+        )
+        blocks.add_metric(["exact"], len(self.router.exact_index))
+        blocks.add_metric(["approximate"], len(self.router.approx_index))
+        return [in_flight, healthy, waiting, blocks]

@@ -1,0 +1,332 @@
+"""Pooled HTTP/1.1 client to engines on asyncio protocols and httptools, with streamed bodies.
+
+Cancelling a caller closes its socket, so the engine sees the disconnect and aborts the request
+(vLLM does). A connection goes back to the pool only after a complete keep-alive response.
+Silence limits use one watchdog timer per response rather than a timeout per wait, which keeps
+per-chunk cost on long streams to a deque append and a future.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import AsyncIterator
+from typing import cast
+from urllib.parse import urlsplit
+
+import httptools
+
+
+class UpstreamError(Exception):
+    """The engine could not be reached, or the connection broke before the response completed."""
+
+    def __init__(self, message: str, connect: bool = False):
+        super().__init__(message)
+        # True when no response head arrived: retrying on another engine is safe.
+        self.connect = connect
+
+
+class UpstreamTimeout(UpstreamError):
+    pass
+
+
+_HIGH_WATER = 64
+_LOW_WATER = 8
+
+
+class _Conn(asyncio.Protocol):
+    def __init__(self, pool: UpstreamPool):
+        self.pool = pool
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.closed = False
+        self.reused = False
+        self.response: Response | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(
+            asyncio.Transport, transport
+        )  # uvloop's transports are not subclasses
+
+    def data_received(self, data: bytes) -> None:
+        response = self.response
+        if response is not None:
+            response.last_activity = response.loop.time()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._broken(UpstreamError(f"malformed response from {self.pool.base}: {exc}"))
+            self.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._broken(UpstreamError(f"connection to {self.pool.base} lost"))
+
+    def _broken(self, error: UpstreamError) -> None:
+        response = self.response
+        if response is not None and not response.complete:
+            response.fail(error)
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+    # httptools callbacks
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self.response is not None:
+            self.response.headers.append((name.decode("latin-1").lower(), value.decode("latin-1")))
+
+    def on_headers_complete(self) -> None:
+        response = self.response
+        if response is not None:
+            response.status = self.parser.get_status_code()
+            response.keep_alive = self.parser.should_keep_alive()
+            if not response.head.done():
+                response.head.set_result(None)
+
+    def on_body(self, body: bytes) -> None:
+        if self.response is not None:
+            self.response.feed(body)
+
+    def on_message_complete(self) -> None:
+        if self.response is not None:
+            self.response.finish()
+
+
+class Response:
+    """Status and headers once the head arrived; the body via `read()` or `chunks()`."""
+
+    def __init__(self, conn: _Conn, idle_s: float | None):
+        self.conn = conn
+        self.loop = asyncio.get_running_loop()
+        self.status = 0
+        self.headers: list[tuple[str, str]] = []
+        self.keep_alive = True
+        self.complete = False
+        self.released = False
+        self.head: asyncio.Future[None] = self.loop.create_future()
+        self.last_activity = self.loop.time()
+        self._chunks: deque[bytes] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._error: UpstreamError | None = None
+        self._paused = False
+        self._idle_s = idle_s
+        self._watchdog: asyncio.TimerHandle | None = None
+        if idle_s is not None:
+            self._watchdog = self.loop.call_later(idle_s, self._check_idle)
+
+    def set_idle(self, idle_s: float | None) -> None:
+        """Longest silence allowed from now on (None: no limit)."""
+        self._idle_s = idle_s
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
+        if idle_s is not None and not self.complete and not self.released:
+            self._watchdog = self.loop.call_later(idle_s, self._check_idle)
+
+    def _check_idle(self) -> None:
+        self._watchdog = None
+        if self.complete or self.released or self._idle_s is None:
+            return
+        left = self.last_activity + self._idle_s - self.loop.time()
+        if left > 0:
+            self._watchdog = self.loop.call_later(left, self._check_idle)
+            return
+        self.fail(
+            UpstreamTimeout(
+                f"{self.conn.pool.base} sent nothing for {self._idle_s}s",
+                connect=not self.head.done(),
+            )
+        )
+        self.conn.close()
+
+    def header(self, name: str) -> str | None:
+        for key, value in self.headers:
+            if key == name:
+                return value
+        return None
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def feed(self, body: bytes) -> None:
+        self._chunks.append(body)
+        if len(self._chunks) > _HIGH_WATER and not self._paused and self.conn.transport is not None:
+            self._paused = True
+            self.conn.transport.pause_reading()  # the client reads slower than the engine writes
+        self._wake()
+
+    def finish(self) -> None:
+        self.complete = True
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
+        self._wake()
+
+    def fail(self, error: UpstreamError) -> None:
+        if self._error is None:
+            self._error = error
+        if not self.head.done():
+            self.head.set_exception(error)
+            self.head.exception()  # retrieved: the caller may be gone already
+        self._wake()
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """Body pieces as they arrive; raises UpstreamError if the engine goes away mid-body.
+
+        The caller must `release()` (a `finally` does): an unfinished body closes the socket.
+        """
+        while True:
+            while self._chunks:
+                chunk = self._chunks.popleft()
+                if (
+                    self._paused
+                    and len(self._chunks) < _LOW_WATER
+                    and self.conn.transport is not None
+                ):
+                    self._paused = False
+                    self.conn.transport.resume_reading()
+                yield chunk
+            if self.complete:
+                return
+            if self._error is not None:
+                raise self._error
+            self._waiter = self.loop.create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+
+    async def read(self) -> bytes:
+        try:
+            parts = [chunk async for chunk in self.chunks()]
+        finally:
+            self.release()
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def release(self) -> None:
+        """Return the connection to the pool if the response completed cleanly, else close it."""
+        if self.released:
+            return
+        self.released = True
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
+        conn = self.conn
+        conn.response = None
+        if self.complete and self.keep_alive and self._error is None and not conn.closed:
+            conn.pool.put(conn)
+        else:
+            conn.close()
+
+
+class UpstreamPool:
+    """Keep-alive connections to one engine (`http://host:port`)."""
+
+    def __init__(self, base_url: str, connect_timeout: float = 2.0, max_idle: int = 256):
+        parts = urlsplit(base_url)
+        self.base = base_url.rstrip("/")
+        self.host = parts.hostname or "127.0.0.1"
+        self.port = parts.port or 80
+        self.prefix = parts.path.rstrip("/")
+        self.host_header = parts.netloc
+        self.connect_timeout = connect_timeout
+        self.max_idle = max_idle
+        self._idle: deque[_Conn] = deque()
+
+    def put(self, conn: _Conn) -> None:
+        if len(self._idle) < self.max_idle:
+            conn.reused = True
+            self._idle.append(conn)
+        else:
+            conn.close()
+
+    async def _connect(self) -> _Conn:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                _, conn = await loop.create_connection(lambda: _Conn(self), self.host, self.port)
+        except TimeoutError:
+            raise UpstreamTimeout(f"connect to {self.base} timed out", connect=True) from None
+        except OSError as exc:
+            raise UpstreamError(
+                f"cannot connect to {self.base}: {exc.strerror or exc}", connect=True
+            ) from None
+        return conn
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        body: bytes = b"",
+        headers: list[tuple[str, str]] | None = None,
+        idle_s: float | None = None,
+    ) -> Response:
+        """Send a request; returns once the response head arrived (the body streams after).
+
+        `idle_s` bounds every silence of the engine, head included; `Response.set_idle` changes it.
+        """
+        head = [f"{method} {self.prefix}{path} HTTP/1.1\r\nhost: {self.host_header}\r\n"]
+        head.extend(f"{k}: {v}\r\n" for k, v in headers or ())
+        head.append(f"content-length: {len(body)}\r\n\r\n")
+        data = "".join(head).encode("latin-1") + body
+        for attempt in range(2):
+            conn = None
+            while self._idle:
+                candidate = self._idle.pop()
+                if not candidate.closed:
+                    conn = candidate
+                    break
+            if conn is None:
+                conn = await self._connect()
+            response = Response(conn, idle_s)
+            conn.response = response
+            assert conn.transport is not None
+            conn.transport.write(data)
+            try:
+                await response.head
+                return response
+            except UpstreamError as exc:
+                response.release()
+                if conn.reused and attempt == 0 and not isinstance(exc, UpstreamTimeout):
+                    continue  # a pooled connection the engine had closed: retry on a fresh one
+                raise (
+                    UpstreamError(str(exc), connect=True)
+                    if not isinstance(exc, UpstreamTimeout)
+                    else exc
+                ) from None
+            except BaseException:
+                response.release()
+                raise
+        raise UpstreamError(f"cannot reach {self.base}", connect=True)
+
+    def close(self) -> None:
+        while self._idle:
+            self._idle.pop().close()
+
+
+class Upstreams:
+    """One pool per engine URL."""
+
+    def __init__(self, connect_timeout: float = 2.0):
+        self.connect_timeout = connect_timeout
+        self.pools: dict[str, UpstreamPool] = {}
+
+    def pool(self, base_url: str) -> UpstreamPool:
+        pool = self.pools.get(base_url)
+        if pool is None:
+            pool = self.pools[base_url] = UpstreamPool(base_url, self.connect_timeout)
+        return pool
+
+    def drop(self, base_url: str) -> None:
+        pool = self.pools.pop(base_url, None)
+        if pool is not None:
+            pool.close()
+
+    def close(self) -> None:
+        for pool in self.pools.values():
+            pool.close()
+        self.pools.clear()

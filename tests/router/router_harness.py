@@ -1,0 +1,220 @@
+"""Processes for router tests: emulator engines and `tandem router`, on free 127.0.0.1 ports."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = ROOT.parent / "shared" / "golden"
+MODEL_DIR = GOLDEN / "model"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Proc:
+    """One `tandem ...` subprocess; stopped and reaped by `stop()`."""
+
+    def __init__(self, name: str, args: list[str], port: int, env: dict[str, str] | None = None):
+        self.name = name
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"tandem-test-{name}-{port}.log"
+        self.log = self.log_path.open("wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tandem.cli", *args],
+            cwd=ROOT,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+        )
+
+    def wait_ready(self, path: str = "/health", timeout: float = 40.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"{self.name} exited with {self.proc.returncode}: {self.output()}"
+                )
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(self.url + path, timeout=1.0).status_code < 500:
+                    return
+            time.sleep(0.05)
+        raise TimeoutError(f"{self.name} not ready after {timeout}s: {self.output()}")
+
+    def output(self) -> str:
+        self.log.flush()
+        return self.log_path.read_text(errors="replace")[-4000:]
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self.log.close()
+        with contextlib.suppress(OSError):
+            self.log_path.unlink()
+
+
+ENGINE_ARGS = [
+    "--model",
+    str(MODEL_DIR),
+    "--load-format",
+    "dummy",
+    "--served-model-name",
+    "tiny",
+    "--max-model-len",
+    "4096",
+    "--block-size",
+    "16",
+    "--enable-prefix-caching",
+    "--prefix-caching-hash-algo",
+    "sha256_cbor",
+]
+
+
+def kv_transfer_config(role: str) -> str:
+    return json.dumps(
+        {
+            "kv_connector": "NixlConnector",
+            "kv_role": role,
+            "kv_buffer_device": "cpu",
+            "kv_connector_extra_config": {"kv_lease_duration": 5},
+        }
+    )
+
+
+class Engine(Proc):
+    def __init__(
+        self,
+        role: str | None,
+        speedup: float = 20.0,
+        extra: list[str] | None = None,
+        kv_events: bool = False,
+    ):
+        port = free_port()
+        args = [
+            "emulate",
+            *ENGINE_ARGS,
+            "--speedup",
+            str(speedup),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+            *(extra or []),
+        ]
+        env = {"PYTHONHASHSEED": "0"}
+        if role is not None:
+            args += [
+                "--kv-transfer-config",
+                kv_transfer_config("kv_producer" if role == "prefill" else "kv_consumer"),
+            ]
+            env |= {
+                "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
+                "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port()),
+            }
+        self.events = self.replay = None
+        if kv_events:
+            pub, replay = free_port(), free_port()
+            self.events, self.replay = f"tcp://127.0.0.1:{pub}", f"tcp://127.0.0.1:{replay}"
+            args += [
+                "--kv-events-config",
+                json.dumps(
+                    {
+                        "enable_kv_cache_events": True,
+                        "publisher": "zmq",
+                        "endpoint": f"tcp://*:{pub}",
+                        "replay_endpoint": f"tcp://*:{replay}",
+                        "topic": "kv-events",
+                    }
+                ),
+            ]
+        super().__init__(f"engine-{role}", args, port, env)
+
+
+class Router(Proc):
+    def __init__(self, args: list[str]):
+        port = free_port()
+        super().__init__(
+            "router",
+            [
+                "router",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--model",
+                "tiny",
+                "--log-level",
+                "warning",
+                *args,
+            ],
+            port,
+        )
+
+    def wait_ready(self, path: str = "/v1/models", timeout: float = 20.0) -> None:
+        super().wait_ready(path, timeout)
+
+
+@contextlib.contextmanager
+def running(*procs: Proc) -> Iterator[None]:
+    try:
+        for proc in procs:
+            proc.wait_ready()
+        yield
+    finally:
+        for proc in procs:
+            proc.stop()
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """Sum of the samples of `name` whose labels include `labels`."""
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name):
+            continue
+        head, _, value = line.rpartition(" ")
+        series = head[len(name) :]
+        if series and not series.startswith("{"):
+            continue
+        if all(f'{k}="{v}"' in series for k, v in labels.items()):
+            total += float(value)
+    return total
+
+
+LONG = "the quick brown fox jumps over the lazy dog while the router relays the cache. " * 12
+SHORT = "hello there"
+
+
+def metrics(url: str) -> str:
+    return httpx.get(url + "/metrics", timeout=5).text
+
+
+def completion(router: Router, prompt: str, **extra: object) -> httpx.Response:
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": 4, **extra}
+    return httpx.post(router.url + "/v1/completions", json=body, timeout=60)

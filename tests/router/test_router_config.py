@@ -1,0 +1,108 @@
+"""Configuration and discovery: CLI flags, static engine lists, Pod → engine, engine /metrics parsing."""
+
+from __future__ import annotations
+
+import pytest
+
+from tandem.router.config import KubernetesDiscovery, RouterConfig
+from tandem.router.discovery.kubernetes import engine_from_pod, label_selector
+from tandem.router.discovery.static import static_engines
+from tandem.router.engine_metrics import parse_engine_load
+from tandem.router.main import build_parser, config_from_args
+
+
+def _config(*argv: str) -> RouterConfig:
+    return config_from_args(build_parser().parse_args(list(argv)))
+
+
+def test_flags_build_static_engines_with_kv_events() -> None:
+    config = _config(
+        "--model",
+        "m",
+        "--prefill",
+        "http://p:8000",
+        "--decode",
+        "http://d:8000/",
+        "--decode",
+        "http://p:8000",
+        "--worker",
+        "http://w:8000",
+        "--kv-events",
+        "http://d:8000=tcp://d:5557,tcp://d:5558",
+        "--prefix-weight",
+        "5",
+        "--disaggregation",
+        "always",
+        "--max-queue",
+        "3",
+        "--block-size",
+        "32",
+    )
+    assert config.scoring.prefix_weight == 5
+    assert config.disaggregation.mode == "always"
+    assert config.admission.max_queue == 3
+    engines = {e.url: e for e in static_engines(config.static)}  # type: ignore[arg-type]
+    assert engines["http://p:8000"].colocated  # given as prefill and as decode
+    assert engines["http://w:8000"].colocated
+    assert engines["http://d:8000"].roles == {"decode"}
+    assert engines["http://d:8000"].kv_events == "tcp://d:5557"
+    assert engines["http://d:8000"].kv_events_replay == "tcp://d:5558"
+
+
+def test_bad_kv_events_flag_is_refused() -> None:
+    with pytest.raises(SystemExit):
+        _config("--model", "m", "--decode", "http://d:8000", "--kv-events", "http://d:8000")
+
+
+def test_yaml_round_trip_keeps_aliases(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    config = _config("--model", "m", "--decode", "http://d:8000", "--load-bound-factor", "2")
+    path = tmp_path / "router.yaml"
+    path.write_text(config.to_yaml())
+    assert "loadBoundFactor: 2.0" in path.read_text()
+    again = _config("--config", str(path), "--port", "9000")
+    assert again.port == 9000
+    assert again.scoring.load_bound_factor == 2.0
+
+
+def _pod(
+    role: str = "decode", ip: str | None = "10.0.0.7", ready: str = "True", deleting: bool = False
+) -> dict:
+    metadata = {
+        "name": "llama-decode-0",
+        "namespace": "serving",
+        "labels": {"tandem.dev/cluster": "llama", "tandem.dev/role": role},
+    }
+    if deleting:
+        metadata["deletionTimestamp"] = "2026-11-30T00:00:00Z"
+    return {
+        "metadata": metadata,
+        "status": {"podIP": ip, "conditions": [{"type": "Ready", "status": ready}]},
+    }
+
+
+def test_pod_to_engine() -> None:
+    spec = KubernetesDiscovery(namespace="serving", clusterName="llama")
+    assert label_selector("llama") == "tandem.dev/cluster=llama,tandem.dev/role in (prefill,decode)"
+    engine = engine_from_pod(_pod(), spec)
+    assert engine is not None
+    assert engine.url == "http://10.0.0.7:8000"
+    assert engine.kv_events == "tcp://10.0.0.7:5557"
+    assert engine.kv_events_replay == "tcp://10.0.0.7:5558"
+    assert engine.roles == {"decode"}
+    assert engine_from_pod(_pod(ready="False"), spec) is None
+    assert engine_from_pod(_pod(ip=None), spec) is None
+    assert engine_from_pod(_pod(deleting=True), spec) is None
+    assert engine_from_pod(_pod(role="router"), spec) is None
+    assert engine_from_pod(_pod(ip="fd00::7"), spec).url == "http://[fd00::7]:8000"  # type: ignore[union-attr]
+
+
+def test_engine_load_from_vllm_metrics() -> None:
+    text = b"""# HELP vllm:num_requests_waiting x
+vllm:num_requests_running{engine="0",model_name="m"} 3.0
+vllm:num_requests_waiting{engine="0",model_name="m"} 2.0
+vllm:num_requests_waiting_by_reason{engine="0",model_name="m",reason="capacity"} 9.0
+vllm:num_requests_waiting{engine="1",model_name="m"} 1.0
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.5
+vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.25
+"""
+    assert parse_engine_load(text) == {"waiting": 3.0, "running": 3.0, "kv_usage": 0.375}
