@@ -159,7 +159,9 @@ class PDConnector:
                 "NIXL is not installed: P/D runs on metadata and timing only, no bytes move"
             )
             return None
-        agent = nixl_agent(self.agent_name, nixl_agent_config(backends=["UCX"]))
+        agent = nixl_agent(
+            self.agent_name, nixl_agent_config(enable_prog_thread=False, backends=["UCX"])
+        )
         descs = np.array([[self.buffer.ctypes.data, self.buffer.nbytes, 0]])
         agent.register_memory(descs, "DRAM")
         return agent

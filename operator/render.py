@@ -600,6 +600,11 @@ def _engine_selector(sc: ServingCluster) -> dict[str, Any]:
     }
 
 
+# Copied onto every scraped series (as tandem_dev_cluster, tandem_dev_role): the autoscaler's
+# queries select each pool by them.
+MONITOR_POD_LABELS = [LABEL_CLUSTER, LABEL_ROLE]
+
+
 def monitors(sc: ServingCluster) -> list[dict[str, Any]]:
     """A ServiceMonitor for the router and a PodMonitor for the engines (Prometheus Operator)."""
     monitoring = sc.spec.monitoring
@@ -619,6 +624,7 @@ def monitors(sc: ServingCluster) -> list[dict[str, Any]]:
                 "selector": {"matchLabels": selector_labels(sc, "router")},
                 "namespaceSelector": {"matchNames": [sc.namespace]},
                 "endpoints": [endpoint_],
+                "podTargetLabels": MONITOR_POD_LABELS,
             },
         },
         {
@@ -629,6 +635,7 @@ def monitors(sc: ServingCluster) -> list[dict[str, Any]]:
                 "selector": _engine_selector(sc),
                 "namespaceSelector": {"matchNames": [sc.namespace]},
                 "podMetricsEndpoints": [endpoint_],
+                "podTargetLabels": MONITOR_POD_LABELS,
             },
         },
     ]

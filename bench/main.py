@@ -1,0 +1,291 @@
+"""`tandem bench`: measure one or more OpenAI-compatible endpoints and report, plot, store, compare."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+
+import aiohttp
+import uvloop
+import yaml
+from pydantic import TypeAdapter, ValidationError
+from rich.console import Console
+
+from tandem.bench.baseline import compare, find_baseline, store
+from tandem.bench.plots import write_all
+from tandem.bench.presets import PRESETS, WorkloadSpec, preset
+from tandem.bench.records import BenchRecord
+from tandem.bench.report import print_ab, print_changes, print_record
+from tandem.bench.runner import RunOptions, Target, run_target
+from tandem.bench.spec import SLO, LengthDist, Phase, Workload
+
+DEFAULT_ENDPOINT = "http://127.0.0.1:8000"
+
+# CLI flag (dest) -> workload field it sets.
+OVERRIDES = {
+    "qps": "qps",
+    "num_requests": "num_requests",
+    "seed": "seed",
+    "warmup": "warmup_requests",
+    "max_concurrency": "max_concurrency",
+    "input": "input",
+    "output": "output",
+    "share_ratio": "share_ratio",
+    "groups": "groups",
+    "long_fraction": "long_fraction",
+    "short_input": "short_input",
+    "long_input": "long_input",
+    "long_output": "long_output",
+    "phases": "phases",
+    "max_duration": "max_duration_s",
+}
+
+
+def parse_phases(text: str) -> list[Phase]:
+    """`QPSxSECONDS,...`, e.g. `2x15,20x10,2x20` (low → high → low)."""
+    phases = []
+    for number, part in enumerate(text.split(",")):
+        qps, _, seconds = part.strip().partition("x")
+        phases.append(Phase(qps=float(qps), duration_s=float(seconds), name=f"phase-{number}"))
+    return phases
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tandem bench",
+        description="Measure OpenAI-compatible endpoints under production-like load (warm-up excluded). "
+        "Give two endpoints for an A/B run of the same workload, one after the other.",
+    )
+    parser.add_argument(
+        "endpoints",
+        nargs="*",
+        metavar="URL",
+        help=f"base URL of each endpoint (default {DEFAULT_ENDPOINT})",
+    )
+    parser.add_argument(
+        "--label",
+        action="append",
+        default=[],
+        help="name of each endpoint, in order (default A, B, ...)",
+    )
+    parser.add_argument(
+        "--preset", default="quick", choices=list(PRESETS), help="the workload to start from"
+    )
+    parser.add_argument(
+        "--workload-file", type=Path, help="a workload spec (YAML or JSON) instead of a preset"
+    )
+    parser.add_argument("--list-presets", action="store_true", help="print the presets and exit")
+    shape = parser.add_argument_group("workload overrides")
+    shape.add_argument("--qps", type=float)
+    shape.add_argument("--num-requests", type=int)
+    shape.add_argument("--seed", type=int)
+    shape.add_argument("--warmup", type=int, help="warm-up requests, excluded from the statistics")
+    shape.add_argument("--max-concurrency", type=int)
+    shape.add_argument(
+        "--input",
+        type=LengthDist.parse,
+        help="prompt tokens: N, uniform:A-B, lognormal:MEDIAN[,SIGMA][,A-B]",
+    )
+    shape.add_argument(
+        "--output", type=LengthDist.parse, help="output tokens, same syntax as --input"
+    )
+    shape.add_argument(
+        "--share-ratio",
+        type=float,
+        help="shared-prefix: fraction of each prompt that is the group's prefix",
+    )
+    shape.add_argument("--groups", type=int, help="shared-prefix: number of distinct prefixes")
+    shape.add_argument("--long-fraction", type=float, help="mixed: fraction of long requests")
+    shape.add_argument("--short-input", type=LengthDist.parse)
+    shape.add_argument("--long-input", type=LengthDist.parse)
+    shape.add_argument("--long-output", type=LengthDist.parse)
+    shape.add_argument(
+        "--phases", type=parse_phases, help="burst: QPSxSECONDS,... e.g. 2x15,20x10,2x20"
+    )
+    shape.add_argument("--max-duration", type=float, help="bound on the measured phase in seconds")
+    client = parser.add_argument_group("client")
+    client.add_argument("--api", choices=["completions", "chat"], default="completions")
+    client.add_argument("--model", help="model name to send (default: the first of /v1/models)")
+    client.add_argument(
+        "--no-ignore-eos",
+        action="store_true",
+        help="do not send vLLM's ignore_eos (for strict OpenAI servers)",
+    )
+    client.add_argument("--header", action="append", default=[], metavar="NAME:VALUE")
+    client.add_argument("--api-key", help="sent as 'Authorization: Bearer KEY'")
+    client.add_argument("--request-timeout", type=float, default=300.0)
+    client.add_argument(
+        "--metrics",
+        action="append",
+        default=[],
+        metavar="[LABEL:]NAME=URL",
+        help="a /metrics URL to sample during the run (default: each endpoint's own /metrics); "
+        "prefix with an endpoint's label to tie it to that endpoint only",
+    )
+    client.add_argument("--sample-interval", type=float, default=0.5)
+    client.add_argument("--slo-ttft-ms", type=float, default=SLO().ttft_ms)
+    client.add_argument("--slo-itl-ms", type=float, default=SLO().itl_ms)
+    output = parser.add_argument_group("output")
+    output.add_argument(
+        "--out", type=Path, help="directory for records and plots (default out/bench/<time>)"
+    )
+    output.add_argument("--no-plots", action="store_true")
+    output.add_argument("--quiet", action="store_true", help="no progress bars")
+    output.add_argument(
+        "--compare",
+        type=Path,
+        metavar="BASELINE",
+        help="a record, or a store to search for the same workload",
+    )
+    output.add_argument(
+        "--tolerance", type=float, default=0.10, help="relative loss flagged as a regression"
+    )
+    output.add_argument(
+        "--store", type=Path, metavar="DIR", help="also copy the records into this baseline store"
+    )
+    return parser
+
+
+def workload_from_args(args: argparse.Namespace) -> WorkloadSpec:
+    """The preset or workload file, with every given override applied and validated."""
+    if args.workload_file:
+        raw = yaml.safe_load(args.workload_file.read_text())
+        base: WorkloadSpec = TypeAdapter(Workload).validate_python(raw)
+    else:
+        base = preset(args.preset)
+    fields = base.model_dump()
+    for dest, field in OVERRIDES.items():
+        value = getattr(args, dest, None)
+        if value is None:
+            continue
+        if field not in type(base).model_fields:
+            raise ValueError(f"--{dest.replace('_', '-')} does not apply to a {base.kind} workload")
+        fields[field] = value
+    validated: WorkloadSpec = TypeAdapter(Workload).validate_python(fields)
+    return validated
+
+
+def targets_from_args(args: argparse.Namespace) -> list[Target]:
+    urls = [u.rstrip("/") for u in args.endpoints] or [DEFAULT_ENDPOINT]
+    labels = list(args.label) + [chr(ord("A") + i) for i in range(len(args.label), len(urls))]
+    if len(set(labels[: len(urls)])) != len(urls):
+        raise ValueError("endpoint labels must be distinct")
+    targets = [Target(label=labels[i], url=url) for i, url in enumerate(urls)]
+    for spec in args.metrics:
+        owner: Target | None = None
+        head, sep, rest = spec.partition(":")
+        if sep and any(t.label == head for t in targets) and not rest.startswith("//"):
+            owner, spec = next(t for t in targets if t.label == head), rest
+        name, eq, url = spec.partition("=")
+        if not eq:
+            name, url = spec, spec
+        for target in [owner] if owner else targets:
+            target.metrics[name] = url
+    for target in targets:
+        if not target.metrics:
+            target.metrics["endpoint"] = f"{target.url}/metrics"
+    return targets
+
+
+def options_from_args(args: argparse.Namespace) -> RunOptions:
+    headers = dict(h.split(":", 1) for h in args.header)
+    headers = {k.strip(): v.strip() for k, v in headers.items()}
+    if args.api_key:
+        headers["Authorization"] = f"Bearer {args.api_key}"
+    return RunOptions(
+        api=args.api,
+        model=args.model,
+        ignore_eos=not args.no_ignore_eos,
+        slo=SLO(ttft_ms=args.slo_ttft_ms, itl_ms=args.slo_itl_ms),
+        request_timeout_s=args.request_timeout,
+        sample_interval_s=args.sample_interval,
+        headers=headers,
+        progress=not args.quiet,
+    )
+
+
+def default_out_dir() -> Path:
+    return Path("out") / "bench" / datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+
+
+async def run_all(
+    targets: Sequence[Target], workload: WorkloadSpec, options: RunOptions, console: Console
+) -> list[BenchRecord]:
+    """Each target in turn with the same workload and seed (side by side on the same machine)."""
+    return [await run_target(target, workload, options, console) for target in targets]
+
+
+def finish(
+    records: Sequence[BenchRecord],
+    out_dir: Path,
+    *,
+    plots: bool = True,
+    baseline: Path | None = None,
+    tolerance: float = 0.10,
+    store_dir: Path | None = None,
+    console: Console | None = None,
+) -> int:
+    """Print the report, write records and plots, compare with a baseline; 0, or 1 when a
+    regression was flagged, or 3 when no request succeeded."""
+    console = console or Console()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [record.save(out_dir / f"{record.label}.json") for record in records]
+    for record in records:
+        print_record(console, record)
+    if len(records) > 1:
+        print_ab(console, records)
+    status = 0
+    if baseline is not None:
+        for record in records:
+            reference = find_baseline(baseline, record)
+            changes = compare(record.summary, reference.summary, tolerance)
+            print_changes(console, changes, reference, tolerance)
+            if any(c.regression for c in changes):
+                status = 1
+    if store_dir is not None:
+        for path in paths:
+            store(path, store_dir)
+    written = write_all(records, out_dir) if plots else []
+    console.print(f"records: {', '.join(str(p) for p in paths)}")
+    if written:
+        console.print(f"plots: {', '.join(str(p) for p in written)}")
+    if status:
+        console.print("[red bold]regressions flagged against the baseline[/]")
+    if all(r.summary.ok == 0 for r in records):
+        return 3
+    return status
+
+
+def main(argv: list[str]) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.list_presets:
+        for name, (description, _) in PRESETS.items():
+            print(f"{name:14} {description}")
+        return 0
+    try:
+        workload = workload_from_args(args)
+        targets = targets_from_args(args)
+    except (ValueError, ValidationError, OSError) as exc:
+        print(f"tandem bench: {exc}", file=sys.stderr)
+        return 2
+    console = Console()
+    try:
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            records = runner.run(run_all(targets, workload, options_from_args(args), console))
+        return finish(
+            records,
+            args.out or default_out_dir(),
+            plots=not args.no_plots,
+            baseline=args.compare,
+            tolerance=args.tolerance,
+            store_dir=args.store,
+            console=console,
+        )
+    except (RuntimeError, OSError, aiohttp.ClientError) as exc:
+        print(f"tandem bench: {exc}", file=sys.stderr)
+        return 3

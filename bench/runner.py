@@ -1,0 +1,259 @@
+"""Runs a workload against one endpoint: warm-up, timed Poisson dispatch, metrics sampling, record."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import aiohttp
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from tandem.bench.client import Api, RequestResult, discover_model, request_body, send
+from tandem.bench.records import BenchRecord, RequestRecord, SampleRecord, versions
+from tandem.bench.sampler import Sampler
+from tandem.bench.spec import SLO, Burst, FixedQPS, Mixed, SharedPrefix
+from tandem.bench.stats import burst_recovery, engine_totals, group_by, queue_share, summarize
+from tandem.bench.workloads import PlannedRequest, build_schedule
+
+WARMUP_CONCURRENCY = 4
+COUNTER_SUFFIXES = ("_total", "_sum", "_count", "_created", "_info")
+
+
+@dataclass
+class Target:
+    """An endpoint to measure: its base URL and the /metrics URLs to sample while it runs."""
+
+    label: str
+    url: str
+    metrics: dict[str, str] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def completions_url(self) -> str:
+        return self.url.rstrip("/") + "/v1/completions"
+
+    @property
+    def chat_url(self) -> str:
+        return self.url.rstrip("/") + "/v1/chat/completions"
+
+
+@dataclass
+class RunOptions:
+    api: Api = "completions"
+    model: str | None = None
+    ignore_eos: bool = True
+    slo: SLO = field(default_factory=SLO)
+    request_timeout_s: float = 300.0
+    sample_interval_s: float = 0.5
+    headers: dict[str, str] = field(default_factory=dict)
+    progress: bool = True
+
+
+def _record(result: RequestResult) -> RequestRecord:
+    def ms(value: float | None) -> float | None:
+        return None if value is None else round(value * 1000, 3)
+
+    return RequestRecord(
+        index=result.index,
+        klass=result.klass,
+        phase=result.phase,
+        start_s=round(result.start_s, 6),
+        ok=result.ok,
+        status=result.status,
+        error=result.error,
+        ttft_ms=ms(result.ttft_s),
+        e2e_ms=ms(result.e2e_s),
+        tpot_ms=ms(result.tpot_s),
+        itl_ms=[round(gap * 1000, 3) for gap in result.itl_s],
+        output_tokens=result.output_tokens,
+        prompt_tokens=result.prompt_tokens,
+        cached_tokens=result.cached_tokens,
+        breakdown_ms=result.breakdown_ms,
+        tags=result.tags,
+        lag_ms=round(result.lag_s * 1000, 3),
+    )
+
+
+class _Run:
+    """The state of one measured run: the session, the URL and the per-request bookkeeping."""
+
+    def __init__(
+        self, session: aiohttp.ClientSession, target: Target, options: RunOptions, model: str
+    ) -> None:
+        self.session, self.options, self.model = session, options, model
+        self.url = target.completions_url if options.api == "completions" else target.chat_url
+        self.headers = dict(options.headers)
+
+    async def one(
+        self, planned: PlannedRequest, t0: float, gate: asyncio.Semaphore | None
+    ) -> RequestResult:
+        if gate is not None:
+            await gate.acquire()
+        try:
+            now = time.perf_counter()
+            result = RequestResult(
+                planned.index,
+                planned.klass,
+                planned.phase,
+                now - t0,
+                lag_s=max(0.0, now - t0 - planned.at_s),
+            )
+            body = request_body(planned, self.options.api, self.model, self.options.ignore_eos)
+            headers = self.headers | {"X-Request-Id": f"bench-{uuid.uuid4().hex[:16]}"}
+            return await send(
+                self.session, self.url, body, result, self.options.request_timeout_s, headers
+            )
+        finally:
+            if gate is not None:
+                gate.release()
+
+
+async def _warm_up(run: _Run, warmup: Sequence[PlannedRequest]) -> list[RequestResult]:
+    gate = asyncio.Semaphore(WARMUP_CONCURRENCY)
+    t0 = time.perf_counter()
+    return list(await asyncio.gather(*(run.one(p, t0, gate) for p in warmup)))
+
+
+async def _dispatch(
+    run: _Run,
+    planned: Sequence[PlannedRequest],
+    t0: float,
+    max_concurrency: int | None,
+    on_done: Any,
+    tasks: list[asyncio.Task[RequestResult]],
+) -> None:
+    """Start each request at t0 + at_s (open loop) into `tasks`; a semaphore caps concurrency."""
+    gate = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+    for request in planned:
+        delay = t0 + request.at_s - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        task = asyncio.create_task(run.one(request, t0, gate))
+        task.add_done_callback(on_done)
+        tasks.append(task)
+
+
+def gauges(values: dict[str, float]) -> dict[str, float]:
+    """The time-series part of a scrape: gauges only; counters matter as deltas over the run."""
+    return {
+        k: v for k, v in values.items() if not k.endswith(COUNTER_SUFFIXES) and "_bucket" not in k
+    }
+
+
+def phase_ends(workload: FixedQPS | Burst | Mixed | SharedPrefix) -> list[tuple[str, float, float]]:
+    """(name, qps, end time) of each phase of a burst workload; empty for the others."""
+    if not isinstance(workload, Burst):
+        return []
+    ends, clock = [], 0.0
+    for number, phase in enumerate(workload.phases):
+        clock += phase.duration_s
+        ends.append((phase.name or f"phase-{number}", phase.qps, clock))
+    return ends
+
+
+async def run_target(
+    target: Target,
+    workload: FixedQPS | Burst | Mixed | SharedPrefix,
+    options: RunOptions,
+    console: Console | None = None,
+) -> BenchRecord:
+    """Warm up, then send the measured schedule while sampling /metrics; returns the run's record."""
+    console = console or Console(stderr=True)
+    schedule = build_schedule(workload)
+    created = datetime.now(UTC)
+    connector = aiohttp.TCPConnector(limit=0, force_close=False)
+    async with aiohttp.ClientSession(connector=connector, read_bufsize=1 << 18) as session:
+        model = options.model or await discover_model(session, target.url)
+        run = _Run(session, target, options, model)
+        if schedule.warmup:
+            warm = await _warm_up(run, schedule.warmup)
+            if not any(r.ok for r in warm):
+                errors = "; ".join(sorted({f"{r.status} {r.error}" for r in warm}))[:500]
+                raise RuntimeError(f"every warm-up request to {run.url} failed: {errors}")
+        sampler = Sampler(dict(target.metrics), options.sample_interval_s)
+        t0 = time.perf_counter()
+        await sampler.start(session, t0)
+        progress = Progress(
+            TextColumn(f"[bold]{target.label}[/] {workload.kind}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[failed]} failed"),
+            TimeElapsedColumn(),
+            console=console,
+            disable=not options.progress,
+            transient=False,
+        )
+        with progress:
+            bar = progress.add_task("run", total=len(schedule.measured), failed=0)
+            failures = 0
+
+            def on_done(task: asyncio.Task[RequestResult]) -> None:
+                nonlocal failures
+                if task.cancelled() or task.exception() is not None or not task.result().ok:
+                    failures += 1
+                progress.update(bar, advance=1, failed=failures)
+
+            last_at = schedule.measured[-1].at_s if schedule.measured else 0.0
+            deadline = last_at + workload.max_duration_s
+            tasks: list[asyncio.Task[RequestResult]] = []
+            dispatch = _dispatch(
+                run, schedule.measured, t0, workload.max_concurrency, on_done, tasks
+            )
+            try:
+                await asyncio.wait_for(dispatch, deadline)
+                remaining = deadline - (time.perf_counter() - t0)
+                if tasks:
+                    await asyncio.wait(tasks, timeout=max(0.0, remaining))
+            except TimeoutError:
+                pass
+            pending = [task for task in tasks if not task.done()]
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        await sampler.stop(session)
+    results = [_result_of(task, schedule.measured[i], t0) for i, task in enumerate(tasks)]
+    requests = [_record(r) for r in results]
+    summary = summarize(requests, options.slo)
+    samples = [
+        SampleRecord(t_s=round(s.t_s, 4), source=s.source, values=s.values) for s in sampler.samples
+    ]
+    engine = engine_totals(sampler.first, sampler.last, samples, summary.ok)
+    return BenchRecord(
+        run_id=f"{created:%Y%m%dT%H%M%SZ}-{target.label}-{uuid.uuid4().hex[:6]}",
+        label=target.label,
+        created_at=created,
+        finished_at=datetime.now(UTC),
+        endpoint=target.url,
+        model=model,
+        api=options.api,
+        workload=workload,
+        seed=workload.seed,
+        slo=options.slo,
+        config=target.config | {"metrics_sources": sorted(target.metrics)},
+        versions=versions(),
+        summary=summary,
+        engine=engine,
+        queue_share=queue_share(summary, engine),
+        burst_recovery_s=burst_recovery(requests, phase_ends(workload)),
+        by_class=group_by(requests, "klass", options.slo)
+        if workload.kind in {"mixed", "shared-prefix"}
+        else {},
+        by_phase=group_by(requests, "phase", options.slo) if workload.kind == "burst" else {},
+        requests=requests,
+        samples=samples,
+    )
+
+
+def _result_of(
+    task: asyncio.Task[RequestResult], planned: PlannedRequest, t0: float
+) -> RequestResult:
+    if task.done() and not task.cancelled() and task.exception() is None:
+        return task.result()
+    error = "cancelled at the run's time bound" if task.cancelled() else repr(task.exception())
+    return RequestResult(planned.index, planned.klass, planned.phase, planned.at_s, error=error)

@@ -1,0 +1,1 @@
+"""Per-pool autoscaling from Prometheus: signals, pure decisions, PromQL, the kopf timer, KEDA/HPA renderers."""

@@ -1,0 +1,208 @@
+"""The autoscaler's kopf daemon: every intervalSeconds read Prometheus, decide per pool, scale, record.
+
+One daemon runs per ServingCluster whose `spec.autoscaling.enabled` is true (kopf starts and
+stops it as the flag changes). Each evaluation, per pool:
+  1. reads the pool Deployment (labels tandem.dev/cluster, tandem.dev/role): current and ready;
+  2. reads the pool's signals from Prometheus (queries.py); failures become MetricsUnavailable;
+  3. calls the pure `decide` (decision.py) with the state kept since the last evaluation;
+  4. writes `status.autoscaling.<pool>` and the ScalingLimited / MetricsUnavailable conditions;
+  5. sets the Deployment's replicas (a merge patch, field manager tandem-operator);
+  6. posts an Event on a size change, on hitting a limit, and on losing or regaining metrics.
+The status is written before the scale so that a reconcile in between renders the new size.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+from pydantic import ValidationError
+
+from tandem.operator.api import API_VERSION, GROUP, KIND, PLURAL, VERSION, AutoscalingSpec
+from tandem.operator.autoscaling.decision import Decision, PoolState, decide
+from tandem.operator.autoscaling.policy import POOLS, Pool, PoolPolicy, pool_policies
+from tandem.operator.autoscaling.prometheus import PrometheusClient, PrometheusUnavailable
+from tandem.operator.autoscaling.queries import PoolSelector, read_pool_signals
+from tandem.operator.autoscaling.signals import PoolSignals
+from tandem.operator.autoscaling.status import USER_LIMITS, autoscaling_conditions, pool_status
+from tandem.operator.handlers import kube as operator_kube
+from tandem.operator.kube import FIELD_MANAGER, Kube, object_path
+from tandem.operator.render import LABEL_CLUSTER, LABEL_ROLE
+
+
+def _enabled(spec: Mapping[str, Any], **_: Any) -> bool:
+    """Autoscaling on, and not handed to KEDA or an HPA (a `provider` other than tandem)."""
+    autoscaling = spec.get("autoscaling") or {}
+    return bool(autoscaling.get("enabled")) and autoscaling.get("provider", "tandem") == "tandem"
+
+
+def _stamp() -> str:
+    """RFC 3339 with milliseconds: evaluations a few seconds apart stay ordered and replayable."""
+    return (
+        datetime.datetime.now(datetime.UTC)
+        .isoformat(timespec="milliseconds")
+        .replace("+00:00", "Z")
+    )
+
+
+def pool_deployments(kube: Kube, namespace: str, cluster: str) -> dict[Pool, tuple[str, int, int]]:
+    """pool -> (Deployment name, spec.replicas, status.readyReplicas) of the cluster's pools."""
+    found: dict[Pool, tuple[str, int, int]] = {}
+    for item in kube.list("apps/v1", "Deployment", namespace, f"{LABEL_CLUSTER}={cluster}"):
+        role = item["metadata"].get("labels", {}).get(LABEL_ROLE)
+        for pool in POOLS:
+            if role == pool:
+                replicas = item.get("spec", {}).get("replicas", 1)
+                ready = item.get("status", {}).get("readyReplicas", 0)
+                found[pool] = (item["metadata"]["name"], int(replicas), int(ready))
+    return found
+
+
+def scale_deployment(kube: Kube, namespace: str, name: str, replicas: int) -> None:
+    """Set the Deployment's spec.replicas with a merge patch under the operator's field manager.
+
+    The Deployment itself rather than its scale subresource, so the operator's RBAC (patch on
+    deployments) is all it needs; the next server-side apply renders the same count from status.
+    """
+    kube.request(
+        "PATCH",
+        object_path("apps/v1", "Deployment", namespace, name),
+        [("fieldManager", FIELD_MANAGER)],
+        {"spec": {"replicas": replicas}},
+        "application/merge-patch+json",
+    )
+
+
+async def _read_signals(
+    prometheus: PrometheusClient, selector: PoolSelector, policy: PoolPolicy
+) -> tuple[PoolSignals | None, str]:
+    """The pool's signals, or None and why not."""
+    try:
+        signals = await read_pool_signals(prometheus, selector, policy)
+    except PrometheusUnavailable as exc:
+        return None, str(exc)
+    if signals.engines == 0:
+        return (
+            None,
+            f"Prometheus at {prometheus.base_url} has no engine metrics for {selector.matchers()}",
+        )
+    return signals, ""
+
+
+def _events(body: kopf.Body, decision: Decision, previous: Decision | None) -> None:
+    """Post an Event when the size changes or a limit or a metrics gap starts or ends."""
+    if decision.changed:
+        kopf.event(body, type="Normal", reason=decision.reason, message=decision.message)
+    if decision.limit in USER_LIMITS and (previous is None or previous.limit != decision.limit):
+        kopf.event(body, type="Warning", reason="ScalingLimited", message=decision.message)
+    unavailable = decision.reason == "MetricsUnavailable"
+    was_unavailable = previous is not None and previous.reason == "MetricsUnavailable"
+    if unavailable and not was_unavailable:
+        kopf.event(body, type="Warning", reason="MetricsUnavailable", message=decision.message)
+    elif was_unavailable and not unavailable:
+        kopf.event(body, type="Normal", reason="MetricsAvailable", message=decision.message)
+
+
+async def evaluate(
+    kube: Kube,
+    body: kopf.Body,
+    autoscaling: AutoscalingSpec,
+    states: dict[Pool, PoolState],
+    last: dict[Pool, Decision],
+    logger: logging.Logger | kopf.Logger,
+) -> dict[Pool, Decision]:
+    """One evaluation of both pools (steps 1-6 above); updates `states` and `last` in place."""
+    name, namespace = body.metadata.name, body.metadata.namespace or "default"
+    policies = pool_policies(autoscaling)
+    deployments = await asyncio.to_thread(pool_deployments, kube, namespace, name)
+    pools = [pool for pool in POOLS if pool in deployments]
+    if not pools:
+        logger.debug("autoscaler: no pool Deployment yet")
+        return {}
+    async with PrometheusClient(autoscaling.prometheus_url) as prometheus:
+        readings = await asyncio.gather(
+            *(
+                _read_signals(
+                    prometheus,
+                    PoolSelector(namespace=namespace, cluster=name, pool=pool),
+                    policies[pool],
+                )
+                for pool in pools
+            )
+        )
+    now, stamp = time.monotonic(), _stamp()
+    previous_status: Mapping[str, Any] = body.get("status", {}).get("autoscaling") or {}
+    decisions: dict[Pool, Decision] = {}
+    status: dict[str, Any] = {"autoscaling": {}}
+    for pool, (signals, why) in zip(pools, readings, strict=True):
+        _, current, ready = deployments[pool]
+        decision, states[pool] = decide(
+            policies[pool],
+            signals,
+            current,
+            ready,
+            states.get(pool, PoolState()),
+            now,
+            why or "no metrics",
+        )
+        decisions[pool] = decision
+        status["autoscaling"][pool] = pool_status(
+            decision, signals, ready, previous_status.get(pool), stamp
+        )
+    status["conditions"] = autoscaling_conditions(
+        decisions.values(), body.get("status", {}).get("conditions") or [], stamp
+    )
+    await asyncio.to_thread(kube.patch_status, API_VERSION, KIND, namespace, name, status)
+    for pool, decision in decisions.items():
+        if decision.changed:
+            await asyncio.to_thread(
+                scale_deployment, kube, namespace, deployments[pool][0], decision.desired
+            )
+            logger.info(f"autoscaler: {decision.message}")
+        _events(body, decision, last.get(pool))
+        last[pool] = decision
+    return decisions
+
+
+async def autoscaler(
+    stopped: kopf.DaemonStopped, body: kopf.Body, logger: kopf.Logger, **_: Any
+) -> None:
+    """Evaluate every `spec.autoscaling.intervalSeconds` until autoscaling is disabled or the object goes."""
+    kube = await asyncio.to_thread(operator_kube)
+    states: dict[Pool, PoolState] = {}
+    last: dict[Pool, Decision] = {}
+    while not stopped:
+        interval = 15.0
+        try:
+            autoscaling = AutoscalingSpec.model_validate(
+                body.get("spec", {}).get("autoscaling") or {}
+            )
+            interval = autoscaling.interval_seconds
+            await evaluate(kube, body, autoscaling, states, last, logger)
+        except ValidationError as exc:
+            logger.error(f"autoscaler: invalid spec.autoscaling: {exc}")
+        except Exception as exc:  # one failed evaluation must not end the daemon; the next retries
+            logger.exception(f"autoscaler: evaluation failed: {exc}")
+        await stopped.wait(interval)
+
+
+def register(registry: kopf.OperatorRegistry) -> None:
+    """Run `autoscaler` as a kopf daemon per ServingCluster while its autoscaling is enabled.
+
+    A daemon rather than a timer so that each object's own `intervalSeconds` is honoured and the
+    decision state (the stabilization window) lives exactly as long as the loop.
+    """
+    kopf.daemon(
+        GROUP,
+        VERSION,
+        PLURAL,
+        id="autoscaler",
+        when=_enabled,
+        cancellation_timeout=10.0,
+        registry=registry,
+    )(autoscaler)

@@ -1,0 +1,32 @@
+"""What the autoscaler observed about one pool: the values of its signals at one evaluation."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tandem.operator.autoscaling.policy import Pool
+
+
+class PoolSignals(BaseModel):
+    """One pool's metrics, already aggregated over its engines by PromQL.
+
+    `latency_s` is the pool's latency quantile over the rate window (TTFT for prefill, inter-token
+    latency for decode); it is None when no request finished in the window. `waiting`, `running`
+    are sums over the pool's engines; `kv_usage` is their mean (0..1); `request_rate` is finished
+    requests per second over the window.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    pool: Pool
+    engines: int = Field(ge=0)  # engines whose metrics Prometheus holds right now
+    latency_s: float | None = None
+    waiting: float = 0.0
+    running: float = 0.0
+    kv_usage: float | None = None
+    request_rate: float | None = None
+
+    @property
+    def idle(self) -> bool:
+        """No request finished in the window, none runs, none waits."""
+        return not self.request_rate and self.waiting == 0 and self.running == 0

@@ -1,0 +1,113 @@
+"""A real Prometheus scraping real emulator processes under load; the client and the decision scale the loaded pool."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from load_generator import drive
+from prometheus_process import PrometheusProcess, free_port, running_prometheus, static_job
+
+from tandem.operator.autoscaling.decision import PoolState, decide
+from tandem.operator.autoscaling.policy import pool_policies
+from tandem.operator.autoscaling.prometheus import PrometheusClient
+from tandem.operator.autoscaling.queries import PoolSelector, read_pool_signals
+
+pytestmark = [pytest.mark.timeout(90), pytest.mark.slow]
+
+PROFILE = Path(__file__).with_name("small-gpu-profile.yaml")
+TANDEM = str(Path(sys.executable).with_name("tandem"))
+POLICIES = pool_policies(
+    {
+        "enabled": True,
+        "prefill": {"min": 1, "max": 4, "targetTTFTSeconds": 0.5},
+        "decode": {"min": 1, "max": 4, "targetITLSeconds": 0.05, "maxKVUsage": 0.85},
+        "metricsWindowSeconds": 6,
+        "scaleDownStabilizationSeconds": 30,
+    }
+)
+
+
+def start_emulator(port: int) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [TANDEM, "emulate", "--model", "tiny", "--host", "127.0.0.1", "--port", str(port),
+         "--timing-profile", str(PROFILE), "--log-level", "WARNING"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def engines() -> Iterator[tuple[PrometheusProcess, dict[str, str]]]:
+    ports = {"prefill": free_port(), "decode": free_port()}
+    processes = [start_emulator(port) for port in ports.values()]
+    urls = {pool: f"http://127.0.0.1:{port}" for pool, port in ports.items()}
+    targets = [
+        (
+            f"127.0.0.1:{port}",
+            {"namespace": "serving", "tandem_dev_cluster": "llama", "tandem_dev_role": pool},
+        )
+        for pool, port in ports.items()
+    ]
+    try:
+        deadline = time.monotonic() + 20
+        for url in urls.values():
+            while time.monotonic() < deadline:
+                try:
+                    if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    time.sleep(0.2)
+        with running_prometheus([static_job("engines", targets)]) as prometheus:
+            prometheus.wait_for_targets(2)
+            yield prometheus, urls
+    finally:
+        for process in processes:
+            os.killpg(process.pid, signal.SIGTERM)
+            process.wait(timeout=10)
+
+
+async def test_prefill_overload_scales_prefill_and_not_decode(
+    engines: tuple[PrometheusProcess, dict[str, str]],
+) -> None:
+    prometheus, urls = engines
+    # Prefill engine: 3 req/s of 256-token prompts is about twice what one engine prefills.
+    # Decode engine: light traffic, well inside its ITL and KV targets.
+    prefill_load = asyncio.create_task(
+        drive(urls["prefill"], "tiny", 3, 4, 256, 1, max_requests=12)
+    )
+    decode_load = asyncio.create_task(drive(urls["decode"], "tiny", 2, 4, 16, 32, max_requests=8))
+    await asyncio.sleep(3.8)
+    async with PrometheusClient(prometheus.url) as client:
+        prefill = await read_pool_signals(
+            client,
+            PoolSelector(namespace="serving", cluster="llama", pool="prefill"),
+            POLICIES["prefill"],
+        )
+        decode = await read_pool_signals(
+            client,
+            PoolSelector(namespace="serving", cluster="llama", pool="decode"),
+            POLICIES["decode"],
+        )
+    results = await asyncio.gather(prefill_load, decode_load)
+    assert all(r.failed == 0 for r in results)
+
+    assert prefill.engines == 1
+    assert prefill.latency_s is not None
+    assert prefill.latency_s > 0.5, prefill
+    assert prefill.waiting > 0, prefill
+    assert decode.latency_s is not None
+    assert decode.latency_s < 0.05, decode
+
+    grow, _ = decide(POLICIES["prefill"], prefill, current=1, ready=1, state=PoolState(), now=0)
+    assert grow.reason == "ScaledUp"
+    assert grow.desired >= 2
+    keep, _ = decide(POLICIES["decode"], decode, current=1, ready=1, state=PoolState(), now=0)
+    assert keep.desired == 1

@@ -1,0 +1,160 @@
+"""The local plan from the example manifests: ports, flags, environment and the router's static config."""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+
+from tandem.local.cluster import load_cluster, parse_set
+from tandem.local.plan import LocalOptions, build_plan, localize_args, localize_env
+from tandem.local.up import main as up_main
+from tandem.operator.api import ManifestError
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def counter() -> itertools.count[int]:
+    return itertools.count(20000)
+
+
+def flag(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+def test_pd_example_becomes_prefill_and_decode_engines_behind_a_static_router(
+    tmp_path: Path,
+) -> None:
+    sc = load_cluster(EXAMPLES / "llama-8b-pd.yaml")
+    options = LocalOptions(
+        timing_profile="h200-llama-3.1-8b", speedup=5, router_port=18000, python="py"
+    )
+    plan = build_plan(sc, options, counter().__next__, tmp_path, {"HF_TOKEN": "t", "PATH": "/bin"})
+    assert [e.name for e in plan.engines] == ["prefill-0", "prefill-1", "decode-0", "decode-1"]
+    ports = [e.port for e in plan.engines] + [
+        int(e.env["VLLM_NIXL_SIDE_CHANNEL_PORT"]) for e in plan.engines
+    ]
+    assert len(set(ports)) == len(ports)
+    prefill = plan.engines[0]
+    argv = prefill.argv
+    assert argv[:5] == ["py", "-m", "tandem.cli", "emulate", "meta-llama/Llama-3.1-8B-Instruct"]
+    assert (flag(argv, "--host"), flag(argv, "--port")) == ("127.0.0.1", str(prefill.port))
+    assert json.loads(flag(argv, "--kv-transfer-config"))["kv_role"] == "kv_producer"
+    events = json.loads(flag(argv, "--kv-events-config"))
+    # Still a binding endpoint (`*`), on this engine's own port, bound to loopback by the emulator.
+    assert events["endpoint"] == f"tcp://*:{prefill.kv_events.rsplit(':', 1)[1]}"  # type: ignore[union-attr]
+    assert argv[-6:] == [
+        "--timing-profile",
+        "h200-llama-3.1-8b",
+        "--speedup",
+        "5",
+        "--kv-events-bind-host",
+        "127.0.0.1",
+    ]
+    assert prefill.env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "127.0.0.1"
+    assert prefill.env["PYTHONHASHSEED"] == sc.spec.engine.hash_seed
+    assert prefill.env["HF_TOKEN"] == "t"  # the secret's variable, taken from the local environment
+
+    config = plan.router_config
+    assert config.kubernetes is None
+    assert config.static is not None
+    assert (config.host, config.port) == ("127.0.0.1", 18000)
+    assert [e.url for e in config.static.prefill] == [e.url for e in plan.engines[:2]]
+    assert [e.kv_events for e in config.static.decode] == [e.kv_events for e in plan.engines[2:]]
+    assert config.disaggregation.mode == "auto"
+    assert config.scoring.prefix_weight == 3
+    assert plan.router.argv[-2:] == ["--config", str(tmp_path / "router.yaml")]
+    assert set(plan.metrics_urls()) == {"router", "prefill-0", "prefill-1", "decode-0", "decode-1"}
+
+
+def test_colocated_example_runs_workers_and_replica_overrides_apply(tmp_path: Path) -> None:
+    sc = load_cluster(EXAMPLES / "llama-8b-colocated.yaml")
+    plan = build_plan(
+        sc,
+        LocalOptions(decode_replicas=1, engine="vllm", python="py"),
+        counter().__next__,
+        tmp_path,
+        {},
+    )
+    assert [(e.name, e.role) for e in plan.engines] == [("worker-0", "worker")]
+    assert plan.engines[0].argv[:5] == [
+        "py",
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        "meta-llama/Llama-3.1-8B-Instruct",
+    ]
+    assert "--kv-transfer-config" not in plan.engines[0].argv
+    assert plan.router_config.static is not None
+    assert [e.url for e in plan.router_config.static.workers] == [plan.engines[0].url]
+    assert "HF_TOKEN" not in plan.engines[0].env  # no local value: left out, not invented
+
+
+def test_set_overrides_are_validated_like_the_manifest() -> None:
+    sc = load_cluster(
+        EXAMPLES / "llama-8b-pd.yaml",
+        ["spec.router.scoring.prefixWeight=0", "spec.prefill.replicas=1"],
+    )
+    assert (sc.spec.router.scoring.prefix_weight, sc.spec.prefill.replicas) == (0, 1)
+    with pytest.raises(ManifestError, match=r"decode\.replicas"):
+        load_cluster(EXAMPLES / "llama-8b-pd.yaml", ["spec.decode.replicas=-1"])
+    with pytest.raises(ValueError, match="PATH=VALUE"):
+        parse_set("spec.decode.replicas")
+
+
+def test_localize_args_handles_both_flag_spellings_and_adds_missing_ones() -> None:
+    args = [
+        "m",
+        "--port=8000",
+        "--kv-events-config",
+        '{"endpoint":"tcp://*:5557","replay_endpoint":"tcp://*:5558"}',
+    ]
+    local = localize_args(args, 9000, 9001, 9002)
+    assert local[:2] == ["m", "--port=9000"]
+    assert json.loads(flag(local, "--kv-events-config")) == {
+        "endpoint": "tcp://*:9001",
+        "replay_endpoint": "tcp://*:9002",
+    }
+    assert flag(local, "--host") == "127.0.0.1"
+
+
+def test_localize_env_resolves_field_refs() -> None:
+    env = [
+        {"name": "A", "value": "1"},
+        {"name": "IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "SECRET", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}},
+    ]
+    local = localize_env(env, "decode-3", 7000, {"SECRET": "x", "KEEP": "y"})
+    assert local == {"A": "1", "IP": "127.0.0.1", "POD": "decode-3", "SECRET": "x", "KEEP": "y",
+                     "VLLM_NIXL_SIDE_CHANNEL_PORT": "7000", "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1"}  # fmt: skip
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
+def test_asking_for_vllm_without_it_is_refused_before_starting(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert up_main([str(EXAMPLES / "llama-8b-pd.yaml"), "--engine", "vllm"]) == 2
+    assert "vLLM is not installed" in capsys.readouterr().out
+
+
+def test_bad_manifest_overrides_and_bench_options_are_refused(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert up_main([str(EXAMPLES / "llama-8b-pd.yaml"), "--set", "spec.decode.replicas=-2"]) == 2
+    assert "decode.replicas" in capsys.readouterr().err
+    assert (
+        up_main(
+            [
+                str(EXAMPLES / "llama-8b-pd.yaml"),
+                "--bench",
+                "quick",
+                "--bench-args",
+                "--share-ratio 0.5",
+            ]
+        )
+        == 2
+    )
