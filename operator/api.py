@@ -491,6 +491,10 @@ class AutoscalingSpec(_Model):
 
     enabled: bool = False
     """Turn the autoscaler on; off, the pools keep spec replicas."""
+    provider: Literal["tandem", "keda", "hpa"] = "tandem"
+    """Who sizes the pools: the operator itself (tandem), or a rendered KEDA ScaledObject or
+    autoscaling/v2 HorizontalPodAutoscaler per pool (same signals and targets; the Deployments
+    then leave `replicas` to them)."""
     prometheus_url: str = Field(
         "http://prometheus-operated.monitoring:9090", alias="prometheusURL", pattern=r"^https?://"
     )

@@ -55,7 +55,7 @@ from tandem.operator.status import (
 log = logging.getLogger("tandem.operator")
 
 # API groups that may be absent from a cluster; their objects are skipped (and not pruned) then.
-OPTIONAL_GROUPS = ("monitoring.coreos.com/",)
+OPTIONAL_GROUPS = ("monitoring.coreos.com/", "keda.sh/")
 RETRY_DELAY_S = 30.0
 
 

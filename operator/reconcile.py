@@ -21,6 +21,8 @@ PRUNABLE_KINDS: tuple[tuple[str, str], ...] = (
     ("networking.k8s.io/v1", "NetworkPolicy"),
     ("monitoring.coreos.com/v1", "ServiceMonitor"),
     ("monitoring.coreos.com/v1", "PodMonitor"),
+    ("autoscaling/v2", "HorizontalPodAutoscaler"),
+    ("keda.sh/v1alpha1", "ScaledObject"),
 )
 NEVER_PRUNED_KINDS = frozenset({"PersistentVolumeClaim", "Secret"})
 

@@ -380,7 +380,7 @@ def engine_deployment(sc: ServingCluster, role: EngineRole) -> dict[str, Any]:
         "kind": "Deployment",
         "metadata": _meta(sc, child_name(sc, role), role),
         "spec": {
-            "replicas": pool_replicas(sc, role),
+            **({} if external_scaling(sc) else {"replicas": pool_replicas(sc, role)}),
             "selector": {"matchLabels": selector_labels(sc, role)},
             "strategy": {
                 "type": "RollingUpdate",
@@ -697,4 +697,20 @@ def render(sc: ServingCluster) -> list[dict[str, Any]]:
         objects += monitors(sc)
     if sc.spec.network_policy.enabled:
         objects += network_policies(sc)
+    if external_scaling(sc):
+        objects += external_autoscalers(sc)
     return objects
+
+
+def external_scaling(sc: ServingCluster) -> bool:
+    """The pools are sized by KEDA or an HPA, so the Deployments must not claim `replicas`."""
+    scaling = sc.spec.autoscaling
+    return scaling.enabled and scaling.provider != "tandem"
+
+
+def external_autoscalers(sc: ServingCluster) -> list[dict[str, Any]]:
+    """The ScaledObjects or HPAs of `spec.autoscaling.provider`, one per pool."""
+    # Imported here: those renderers build on this module's names.
+    from tandem.operator.autoscaling.external import external_autoscalers as render_for
+
+    return render_for(sc, sc.spec.autoscaling.provider)

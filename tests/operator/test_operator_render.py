@@ -310,3 +310,27 @@ def test_autoscaler_decision_sets_replicas() -> None:
 
 def test_render_is_pure_and_deterministic(pd_cluster: ServingCluster) -> None:
     assert render(pd_cluster) == render(pd_cluster.model_copy(deep=True))
+
+
+@pytest.mark.parametrize(
+    ("provider", "kind"), [("hpa", "HorizontalPodAutoscaler"), ("keda", "ScaledObject")]
+)
+def test_external_provider_renders_its_autoscalers_and_leaves_replicas_to_them(
+    provider: str, kind: str
+) -> None:
+    sc = cluster(autoscaling={"enabled": True, "provider": provider})
+    objects = render(sc)
+    for role in ("prefill", "decode"):
+        deployment = by_kind(objects, "Deployment", f"{sc.name}-{role}")
+        assert "replicas" not in deployment["spec"]
+        scaler = by_kind(objects, kind, f"{sc.name}-{role}")
+        assert scaler["spec"]["scaleTargetRef"]["name"] == deployment["metadata"]["name"]
+    if kind == "HorizontalPodAutoscaler":
+        for hpa in (o for o in objects if o["kind"] == kind):
+            kubernetes_validate.validate(hpa, K8S_VERSION, strict=True)
+
+
+def test_builtin_autoscaler_keeps_replicas_and_renders_no_external_scalers() -> None:
+    objects = render(cluster(autoscaling={"enabled": True}))
+    assert not [o for o in objects if o["kind"] in {"HorizontalPodAutoscaler", "ScaledObject"}]
+    assert all("replicas" in o["spec"] for o in objects if o["kind"] == "Deployment")
