@@ -86,7 +86,8 @@ def breakdown_from_headers(headers: Any) -> tuple[dict[str, float], dict[str, st
                 tags[lowered.removeprefix("x-tandem-")] = value
             continue
         try:
-            stages[match.group(1)] = float(value)
+            # kv-handoff -> kv_handoff: the spelling of the router's histogram of the same stage
+            stages[match.group(1).replace("-", "_")] = float(value)
         except ValueError:
             continue
     return stages, tags

@@ -154,8 +154,9 @@ def stages(record: BenchRecord) -> dict[str, float]:
 # Bars in the order a request lives them: waiting, deciding, prefilling, handing over the KV
 # cache, first token, decoding, and the totals last. Stages not named here go before the totals.
 STAGE_ORDER = [
-    "router queue", "router decision", "engine queue", "router prefill", "engine prefill",
-    "router kv_handoff", "KV transfer", "router ttft", "client TTFT", "engine decode",
+    "router queue", "router schedule", "router decision", "engine queue", "router prefill",
+    "engine prefill", "router kv_handoff", "KV transfer", "router upstream", "router ttft",
+    "client TTFT", "engine decode",
     "router inter_token", "router e2e", "client end-to-end",
 ]  # fmt: skip
 

@@ -63,6 +63,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-queue", type=int)
     p.add_argument("--max-in-flight", type=int)
     p.add_argument("--api-key", action="append", default=[])
+    p.add_argument(
+        "--decode-idle-seconds", type=float, help="longest silence inside a decode stream"
+    )
+    p.add_argument("--prefill-seconds", type=float, help="limit of one prefill request")
+    p.add_argument("--request-seconds", type=float, help="limit of a whole request")
     p.add_argument("--log-level")
     return p
 
@@ -124,6 +129,9 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         ("disaggregation", "minUncachedTokens", args.min_uncached_tokens),
         ("admission", "maxQueue", args.max_queue),
         ("admission", "maxInFlight", args.max_in_flight),
+        ("timeouts", "decodeIdleSeconds", args.decode_idle_seconds),
+        ("timeouts", "prefillSeconds", args.prefill_seconds),
+        ("timeouts", "requestSeconds", args.request_seconds),
     ):
         if value is not None:
             section_data = data.setdefault(section, {})

@@ -7,7 +7,6 @@ import itertools
 import logging
 import os
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -52,21 +51,38 @@ class ClientError(Exception):
         self.headers = headers or []
 
 
-@dataclass
 class Timing:
-    """One request's timing breakdown; `server_timing()` is its response header."""
+    """One request's timing breakdown (perf_counter seconds).
 
-    start: float = field(default_factory=time.perf_counter)
-    queue_s: float = 0.0
-    route_s: float = 0.0
-    prefill_s: float | None = None
-    prefill_done: float | None = None
+    Each stage is measured once and goes two ways: into its Prometheus histogram and into an
+    `x-tandem-<stage>-ms` response header (`add_headers`). The client's headers leave when the
+    decode pod's first body byte arrives, so every stage up to that byte can be reported.
+    """
 
-    def server_timing(self) -> str:
-        parts = [f"queue;dur={self.queue_s * 1e3:.3f}", f"route;dur={self.route_s * 1e3:.3f}"]
-        if self.prefill_s is not None:
-            parts.append(f"prefill;dur={self.prefill_s * 1e3:.3f}")
-        return ", ".join(parts)
+    __slots__ = ("prefill_done", "prefill_s", "queue_s", "schedule_s", "start", "upstream_start")
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.queue_s = 0.0
+        self.schedule_s = 0.0
+        self.upstream_start: float | None = None  # the first upstream request (prefill or decode)
+        self.prefill_s: float | None = None
+        self.prefill_done: float | None = None
+
+    def add_headers(self, headers: list[tuple[str, str]], first_byte: float) -> None:
+        """Appends the breakdown up to the decode pod's first body byte, in milliseconds."""
+        headers.append(("x-tandem-queue-ms", f"{self.queue_s * 1e3:.3f}"))
+        headers.append(("x-tandem-schedule-ms", f"{self.schedule_s * 1e3:.3f}"))
+        if self.prefill_done is not None and self.prefill_s is not None:
+            headers.append(("x-tandem-prefill-ms", f"{self.prefill_s * 1e3:.3f}"))
+            headers.append(
+                ("x-tandem-kv-handoff-ms", f"{(first_byte - self.prefill_done) * 1e3:.3f}")
+            )
+        if self.upstream_start is not None:
+            headers.append(
+                ("x-tandem-upstream-ms", f"{(first_byte - self.upstream_start) * 1e3:.3f}")
+            )
+        headers.append(("x-tandem-ttft-ms", f"{(first_byte - self.start) * 1e3:.3f}"))
 
 
 def prefill_body(body: dict[str, Any]) -> bytes:
@@ -256,8 +272,8 @@ class Router:
         if decode.hit_blocks:
             self.metrics.child(self.metrics.prefix_hit_blocks, index_name).inc(decode.hit_blocks)
             self.metrics.child(self.metrics.prefix_hits, index_name).inc()
-        timing.route_s = time.perf_counter() - t_route
-        self.metrics.routing.observe(timing.route_s)
+        timing.schedule_s = time.perf_counter() - t_route
+        self.metrics.routing.observe(timing.schedule_s)
 
         request_id = request.headers.get("x-request-id") or f"{self._id_prefix}{next(self._ids):x}"
         kv_params: dict[str, Any] | None = None
@@ -332,7 +348,7 @@ class Router:
         """Ask prefill pods in score order; returns their kv_transfer_params, or None to prefill locally."""
         payload = prefill_body(body)
         headers = [("content-type", "application/json"), ("x-request-id", request_id)]
-        t0 = time.perf_counter()
+        t0 = timing.upstream_start = time.perf_counter()
         for attempt, choice in enumerate(ranked):
             engine = choice.engine
             if attempt:
@@ -376,8 +392,6 @@ class Router:
                 ).inc()
                 return None, None
             now = time.perf_counter()
-            timing.prefill_s = now - t0
-            timing.prefill_done = now
             self.metrics.child(self.metrics.prefill, engine.id).observe(now - t0)
             try:
                 params = _decode_json(data).get("kv_transfer_params")
@@ -389,6 +403,8 @@ class Router:
                     engine.id,
                 )
                 return None, None
+            timing.prefill_s = now - t0  # only a prefill whose KV is handed off is a P/D stage
+            timing.prefill_done = now
             return params, engine
         return None, None
 
@@ -407,6 +423,8 @@ class Router:
         up_headers = [("content-type", "application/json"), ("x-request-id", request_id)]
         response: Response | None = None
         engine = ranked[0]
+        if timing.upstream_start is None:
+            timing.upstream_start = time.perf_counter()
         for attempt, engine in enumerate(ranked[:3]):
             if attempt:
                 self.metrics.child(self.metrics.retries, "decode", "connect").inc()
@@ -434,7 +452,6 @@ class Router:
             self.metrics.child(self.metrics.requests, pool, "502").inc()
             responder.send(502, error_body(502, "no decode engine could be reached"), headers)
             return
-        headers.append(("server-timing", timing.server_timing()))
         status = response.status
         content_type = response.header("content-type") or "application/json"
         metrics = self.metrics
@@ -444,46 +461,45 @@ class Router:
                 data = await response.read()
                 engine.pending -= 1
                 pending = False
-                now = time.perf_counter()
-                if timing.prefill_done is not None:
-                    metrics.child(metrics.kv_handoff, engine.id).observe(now - timing.prefill_done)
-                metrics.child(metrics.ttft, pool, engine.id).observe(now - timing.start)
+                self._first_byte(timing, engine, pool, headers)
                 responder.send(status, data, headers, content_type)
                 metrics.child(metrics.e2e, pool, engine.id).observe(
                     time.perf_counter() - timing.start
                 )
                 metrics.child(metrics.requests, pool, str(status)).inc()
                 return
-            responder.start(status, headers, content_type)
-            first = True
+            # The client's headers wait for the first body byte: by then the KV handoff and the
+            # first step are done and can be reported in them, and a silent engine still gets a
+            # plain 504 instead of a broken stream.
             last = 0.0
             itl = metrics.child(metrics.itl, engine.id)
             try:
                 async for chunk in response.chunks():
-                    now = time.perf_counter()
-                    if first:
-                        first = False
+                    if pending:
                         engine.pending -= 1
                         pending = False
-                        if timing.prefill_done is not None:
-                            metrics.child(metrics.kv_handoff, engine.id).observe(
-                                now - timing.prefill_done
-                            )
-                        metrics.child(metrics.ttft, pool, engine.id).observe(now - timing.start)
+                        last = self._first_byte(timing, engine, pool, headers)
+                        responder.start(status, headers, content_type)
                     else:
+                        now = time.perf_counter()
                         itl.observe(now - last)
-                    last = now
+                        last = now
                     await responder.write(chunk)
             except UpstreamError as exc:
-                kind = "timeout" if isinstance(exc, UpstreamTimeout) else "broken"
-                metrics.child(metrics.upstream_errors, "decode", engine.id, kind).inc()
+                timeout = isinstance(exc, UpstreamTimeout)
+                metrics.child(
+                    metrics.upstream_errors, "decode", engine.id, "timeout" if timeout else "broken"
+                ).inc()
                 log.warning("decode stream from %s broke: %s", engine.id, exc)
-                await responder.write(
-                    sse_error_event(
-                        502 if kind == "broken" else 504, f"decode engine failed mid-stream: {exc}"
-                    )
-                )
-                status = 502
+                status = 504 if timeout else 502
+                message = f"decode engine failed mid-stream: {exc}"
+                if not responder.started:
+                    metrics.child(metrics.requests, pool, str(status)).inc()
+                    responder.send(status, error_body(status, message), headers)
+                    return
+                await responder.write(sse_error_event(status, message))
+            if not responder.started:  # an empty stream
+                responder.start(status, headers, content_type)
             responder.end()
             metrics.child(metrics.e2e, pool, engine.id).observe(time.perf_counter() - timing.start)
             metrics.child(metrics.requests, pool, str(status)).inc()
@@ -496,3 +512,15 @@ class Router:
             if pending:
                 engine.pending -= 1
             response.release()  # closes the socket if incomplete: the engine aborts the request
+
+    def _first_byte(
+        self, timing: Timing, engine: Engine, pool: str, headers: list[tuple[str, str]]
+    ) -> float:
+        """Records the stages that end at the decode pod's first body byte; returns its time."""
+        now = time.perf_counter()
+        metrics = self.metrics
+        if timing.prefill_done is not None:
+            metrics.child(metrics.kv_handoff, engine.id).observe(now - timing.prefill_done)
+        metrics.child(metrics.ttft, pool, engine.id).observe(now - timing.start)
+        timing.add_headers(headers, now)
+        return now
