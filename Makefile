@@ -47,7 +47,7 @@ cluster-binaries:
 
 ## A real control plane for poking at by hand; prints the kubeconfig path.
 cluster: venv cluster-binaries
-	$(BIN)/python -m tandem_e2e.cluster
+	$(BIN)/python -m e2e.harness.cluster
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -27,7 +27,9 @@ API_VERSION: Final = "tandem.dev/v1alpha1"
 KIND: Final = "ServingCluster"
 PLURAL = "servingclusters"
 SINGULAR = "servingcluster"
-SHORT_NAMES = ["sc"]
+# `sc` as asked for; kubectl resolves it to StorageClass first wherever that built-in is
+# served, so `tsc` is the unambiguous one.
+SHORT_NAMES = ["sc", "tsc"]
 
 DEFAULT_ENGINE_IMAGE = "vllm/vllm-openai:v0.32.0"
 DEFAULT_ROUTER_IMAGE = f"ghcr.io/tandem-serving/tandem:{__version__}"

@@ -30,6 +30,8 @@ PLURALS: dict[str, str] = {
     "NetworkPolicy": "networkpolicies",
     "ServiceMonitor": "servicemonitors",
     "PodMonitor": "podmonitors",
+    "HorizontalPodAutoscaler": "horizontalpodautoscalers",
+    "ScaledObject": "scaledobjects",
     "ServingCluster": "servingclusters",
     "Pod": "pods",
     "Event": "events",

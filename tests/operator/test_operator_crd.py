@@ -114,7 +114,7 @@ def test_crd_shape() -> None:
     crd = custom_resource_definition()
     assert crd["metadata"]["name"] == "servingclusters.tandem.dev"
     names = crd["spec"]["names"]
-    assert names["shortNames"] == ["sc"]
+    assert names["shortNames"] == ["sc", "tsc"]
     (version,) = crd["spec"]["versions"]
     assert version["name"] == "v1alpha1"
     assert version["subresources"] == {"status": {}}

@@ -15,8 +15,8 @@ from sc_manifests import minimal
 
 from tandem.operator import main as operator_main
 from tandem.operator.handlers import reconcile_body, refresh_owner_status, resync_once
-from tandem.operator.kube import FIELD_MANAGER, KubeError, NotFound
-from tandem.operator.reconcile import ObjectKey, children_selector, stale_children
+from tandem.operator.kube import FIELD_MANAGER, PLURALS, KubeError, NotFound
+from tandem.operator.reconcile import PRUNABLE_KINDS, ObjectKey, children_selector, stale_children
 
 UID = "0b8e2f1c-1111-2222-3333-444455556666"
 
@@ -300,3 +300,7 @@ def test_resync_reconciles_every_cluster() -> None:
     assert resync_once(kube, ["n*"], events) == 1  # type: ignore[arg-type]
     assert ("Deployment", "m-decode") in kube.kinds()
     assert resync_once(kube, ["other"], events) == 0  # type: ignore[arg-type]
+
+
+def test_every_prunable_kind_has_a_rest_path() -> None:
+    assert {kind for _, kind in PRUNABLE_KINDS} <= PLURALS.keys()

@@ -1,0 +1,54 @@
+"""Small read-and-wait helpers over the Kubernetes client for the e2e tests."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from kubernetes import client as k8s
+
+T = TypeVar("T")
+
+
+def eventually(
+    probe: Callable[[], T | None],
+    *,
+    timeout_s: float,
+    what: str,
+    interval_s: float = 0.25,
+    details: Callable[[], str] | None = None,
+) -> T:
+    """Calls `probe` until it returns something truthy and returns that; fails with `what`."""
+    deadline = time.monotonic() + timeout_s
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = probe()
+        except k8s.ApiException as error:
+            last = error
+        else:
+            if last:
+                return last  # type: ignore[no-any-return]
+        time.sleep(interval_s)
+    extra = f"\n{details()}" if details is not None else ""
+    raise AssertionError(
+        f"timed out after {timeout_s:.0f} s waiting for {what}; last: {last!r}{extra}"
+    )
+
+
+def gone(read: Callable[[], object]) -> bool:
+    """True once `read` answers 404."""
+    try:
+        read()
+    except k8s.ApiException as error:
+        if error.status == 404:
+            return True
+        raise
+    return False
+
+
+def plain(api: k8s.ApiClient, obj: object) -> dict[str, Any]:
+    """A typed client object as the plain dict the API sent."""
+    result: dict[str, Any] = api.sanitize_for_serialization(obj)  # type: ignore[no-untyped-call]
+    return result

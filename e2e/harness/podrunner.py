@@ -1,0 +1,219 @@
+"""The stand-in kubelet: runs one local process per Running pod on the KWOK node, stops it when the pod goes."""
+
+from __future__ import annotations
+
+import base64
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from kubernetes import client as k8s
+
+from e2e.harness.cluster import NODE_NAME, ControlPlane
+from e2e.harness.podspec import LaunchPlan, UnsupportedPod, plan_pod
+from e2e.harness.processes import Child, Supervisor, log_tail
+
+
+@dataclass
+class RunningPod:
+    """A pod and the process standing in for its container."""
+
+    namespace: str
+    name: str
+    uid: str
+    ip: str
+    role: str
+    plan: LaunchPlan
+    child: Child
+
+
+class PodRunner:
+    """Polls the pods bound to the KWOK node and keeps exactly one process per Running pod.
+
+    Polling (every `interval_s`) rather than a watch keeps it simple and robust to apiserver
+    restarts; a pod's process starts within one interval of it turning Running.
+    """
+
+    def __init__(
+        self,
+        plane: ControlPlane,
+        *,
+        label_selector: str | None = None,
+        engine_extra_args: Sequence[str] = (),
+        interval_s: float = 0.25,
+    ) -> None:
+        self.plane = plane
+        self.label_selector = label_selector
+        self.engine_extra_args = list(engine_extra_args)
+        self.interval_s = interval_s
+        self.workdir = plane.workdir / "pods"
+        self.supervisor = Supervisor(self.workdir / "logs")
+        self.tandem = str(Path(sys.executable).with_name("tandem"))
+        self.pods: dict[str, RunningPod] = {}
+        self.exited: list[RunningPod] = []  # processes that died while their pod stayed
+        self.history: list[RunningPod] = []  # every process started, in order
+        self.errors: list[str] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="pod-runner", daemon=True)
+        self._core = k8s.CoreV1Api(plane.api_client())
+        self._credentials: dict[tuple[str, str], Path] = {}
+
+    # -- public --------------------------------------------------------------------------------
+
+    def start(self) -> PodRunner:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        # Processes go first, gracefully, while the thread that started them still lives (they
+        # are bound to it by PR_SET_PDEATHSIG); then the thread, then anything it started last.
+        self._stop.set()
+        with self._lock:
+            for running in list(self.pods.values()):
+                self.supervisor.stop(running.child, grace_s=3)
+            self.pods.clear()
+        self._thread.join(timeout=10)
+        self.supervisor.stop_all()
+
+    def leftovers(self) -> list[int]:
+        return self.supervisor.leftovers()
+
+    def snapshot(self) -> list[RunningPod]:
+        with self._lock:
+            return list(self.pods.values())
+
+    def by_role(self, role: str, namespace: str | None = None) -> list[RunningPod]:
+        return [
+            pod
+            for pod in self.snapshot()
+            if pod.role == role and (namespace is None or pod.namespace == namespace)
+        ]
+
+    def logs(self, name: str, lines: int = 60) -> str:
+        for running in self.history:
+            if running.name == name:
+                return log_tail(running.child.log, lines)
+        return "(no such pod process)"
+
+    def report(self) -> str:
+        """Every process and error, with log tails: for assertion messages."""
+        parts = [
+            f"{p.namespace}/{p.name} {p.role} {p.ip} pid={p.child.pid}" for p in self.snapshot()
+        ]
+        parts += [f"EXITED {p.name}:\n{log_tail(p.child.log)}" for p in self.exited]
+        parts += [f"ERROR {error}" for error in self.errors]
+        return "\n".join(parts) or "(no pods)"
+
+    # -- loop ----------------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.sync()
+            except Exception as error:  # the apiserver may be briefly unavailable
+                self._record_error(f"sync: {error!r}")
+            self._stop.wait(self.interval_s)
+
+    def _record_error(self, message: str) -> None:
+        if not self.errors or self.errors[-1] != message:
+            self.errors.append(message)
+
+    def sync(self) -> None:
+        """One reconciliation: start processes for new Running pods, stop those of gone pods."""
+        listing = self._core.list_pod_for_all_namespaces(
+            label_selector=self.label_selector, field_selector=f"spec.nodeName={NODE_NAME}"
+        )
+        api = self._core.api_client
+        wanted: dict[str, dict[str, Any]] = {}
+        for item in listing.items:
+            pod = api.sanitize_for_serialization(item)
+            status = pod.get("status", {})
+            if (
+                pod["metadata"].get("deletionTimestamp") is None
+                and status.get("phase") == "Running"
+                and status.get("podIP")
+            ):
+                wanted[pod["metadata"]["uid"]] = pod
+        with self._lock:
+            for uid in list(self.pods):
+                if uid not in wanted:
+                    self.supervisor.stop(self.pods.pop(uid).child, grace_s=3)
+            # A process that died stays listed under its pod (so it is not restarted in a loop)
+            # and is reported once in `exited`.
+            for running in self.pods.values():
+                if not running.child.alive() and running not in self.exited:
+                    self.exited.append(running)
+            for uid, pod in wanted.items():
+                if uid not in self.pods and not self._stop.is_set():
+                    self._launch(pod)
+
+    def _launch(self, pod: Mapping[str, Any]) -> None:
+        meta = pod["metadata"]
+        scratch = self.workdir / meta["namespace"] / meta["name"]
+        try:
+            plan = plan_pod(
+                pod,
+                self._read_object_data,
+                tandem=self.tandem,
+                scratch=PurePosixPath(scratch),
+                engine_extra_args=self.engine_extra_args,
+            )
+        except UnsupportedPod as error:
+            self._record_error(f"{meta['namespace']}/{meta['name']}: {error}")
+            return
+        for path, content in plan.files.items():
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).write_text(content)
+        env = _base_env() | plan.env
+        env["KUBECONFIG"] = str(self._pod_credentials(pod))
+        child = self.supervisor.start(f"{meta['namespace']}_{meta['name']}", plan.argv, env=env)
+        self.pods[meta["uid"]] = running = RunningPod(
+            namespace=meta["namespace"],
+            name=meta["name"],
+            uid=meta["uid"],
+            ip=pod["status"]["podIP"],
+            role=plan.role,
+            plan=plan,
+            child=child,
+        )
+        self.history.append(running)
+
+    def _pod_credentials(self, pod: Mapping[str, Any]) -> Path:
+        """The pod's ServiceAccount identity, as the kubelet's projected token would give it."""
+        key = (pod["metadata"]["namespace"], pod["spec"].get("serviceAccountName") or "default")
+        if key not in self._credentials:
+            self._credentials[key] = self.plane.service_account_kubeconfig(*key)
+        return self._credentials[key]
+
+    def _read_object_data(self, kind: str, namespace: str, name: str) -> dict[str, str] | None:
+        try:
+            if kind == "Secret":
+                secret = self._core.read_namespaced_secret(name, namespace)
+                return {k: base64.b64decode(v).decode() for k, v in (secret.data or {}).items()}
+            return dict(self._core.read_namespaced_config_map(name, namespace).data or {})
+        except k8s.ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+
+    def wait(
+        self, predicate: Callable[[list[RunningPod]], bool], *, timeout_s: float, what: str
+    ) -> list[RunningPod]:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            pods = self.snapshot()
+            if predicate(pods):
+                return pods
+            time.sleep(0.2)
+        raise AssertionError(f"timed out waiting for {what}; pod processes:\n{self.report()}")
+
+
+def _base_env() -> dict[str, str]:
+    keep = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+    return {key: os.environ[key] for key in keep if key in os.environ}

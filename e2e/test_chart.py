@@ -1,0 +1,163 @@
+"""The Helm chart: lint, rendered objects validated against Kubernetes 1.34's schemas, RBAC scope."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from e2e.harness.tools import Clients
+from tandem.operator.api import parse_manifest
+from tandem.operator.kube import PLURALS
+from tandem.operator.reconcile import PRUNABLE_KINDS
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parent.parent
+CHART = ROOT / "charts" / "tandem"
+KUBERNETES_SCHEMA_VERSION = "1.34"
+VALUE_SETS: dict[str, list[str]] = {
+    "defaults": [],
+    "namespaced": ["--set", "operator.watchNamespaces={serving,research}"],
+    "everything": [
+        "--set", "serviceMonitor.enabled=true",
+        "--set", "example.enabled=true",
+        "--set", "operator.verbose=true",
+        "--set", "serviceAccount.annotations.team=ml",
+    ],
+}  # fmt: skip
+
+
+def template(clients: Clients, *args: str) -> list[dict[str, Any]]:
+    out = clients.helm("template", "tandem", str(CHART), "--namespace", "tandem-system", *args)
+    return [doc for doc in yaml.safe_load_all(out.stdout) if doc]
+
+
+def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [doc for doc in docs if doc["kind"] == kind]
+
+
+@pytest.mark.parametrize("values", VALUE_SETS.values(), ids=VALUE_SETS.keys())
+def test_lint_is_clean(offline_clients: Clients, values: list[str]) -> None:
+    result = offline_clients.helm("lint", "--strict", str(CHART), *values)
+    assert "0 chart(s) failed" in result.stdout
+    assert "[WARNING]" not in result.stdout, result.stdout
+    assert "[ERROR]" not in result.stdout, result.stdout
+
+
+@pytest.mark.parametrize("values", VALUE_SETS.values(), ids=VALUE_SETS.keys())
+def test_rendered_objects_are_valid_kubernetes(offline_clients: Clients, values: list[str]) -> None:
+    docs = template(offline_clients, "--include-crds", *values)
+    for doc in docs:
+        if doc["apiVersion"].startswith(("monitoring.coreos.com/", "tandem.dev/")):
+            continue  # custom resources: checked by their CRDs at install time
+        kubernetes_validate.validate(doc, KUBERNETES_SCHEMA_VERSION, strict=True)
+
+
+def test_chart_crd_is_the_generated_crd(offline_clients: Clients) -> None:
+    [crd] = by_kind(template(offline_clients, "--include-crds"), "CustomResourceDefinition")
+    generated = yaml.safe_load((ROOT / "crds" / "tandem.dev_servingclusters.yaml").read_text())
+    assert crd == generated
+    assert (CHART / "crds" / "tandem.dev_servingclusters.yaml").resolve() == (
+        ROOT / "crds" / "tandem.dev_servingclusters.yaml"
+    ).resolve(), "charts/tandem/crds/ links to crds/, the one generated file"
+    printed = subprocess.run(
+        [str(ROOT / ".venv" / "bin" / "tandem"), "crd"], capture_output=True, text=True, check=True
+    )
+    assert yaml.safe_load(printed.stdout) == generated, (
+        "crds/ is stale: regenerate with `tandem crd`"
+    )
+
+
+def test_operator_deployment_is_hardened(offline_clients: Clients) -> None:
+    [deployment] = by_kind(template(offline_clients), "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    assert container["command"] == ["tandem", "operator"]
+    assert "--all-namespaces" in container["args"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] != 0
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"]["path"] == "/healthz"
+    assert container["resources"]["requests"]
+    assert container["resources"]["limits"]
+    assert pod["serviceAccountName"] == "tandem"
+    assert deployment["spec"]["strategy"]["type"] == "Recreate"
+
+
+def _plural(kind: str) -> str:
+    """The resource name of a kind, as the operator's client spells it (English rule otherwise)."""
+    if kind in PLURALS:
+        return PLURALS[kind]
+    lower = kind.lower()
+    return lower[:-1] + "ies" if lower.endswith("y") else lower + "s"
+
+
+def _granted(rules: list[dict[str, Any]]) -> dict[tuple[str, str], set[str]]:
+    granted: dict[tuple[str, str], set[str]] = {}
+    for rule in rules:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                granted.setdefault((group, resource), set()).update(rule["verbs"])
+    return granted
+
+
+def test_rbac_grants_what_the_operator_does_and_no_wildcards(offline_clients: Clients) -> None:
+    roles = {r["metadata"]["name"]: r for r in by_kind(template(offline_clients), "ClusterRole")}
+    assert set(roles) == {"tandem", "tandem-crd-reader"}
+    assert _granted(roles["tandem-crd-reader"]["rules"]) == {
+        ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"}
+    }
+    granted = _granted(roles["tandem"]["rules"])
+    assert not any("*" in verbs or "*" in key for key, verbs in granted.items())
+    for api_version, kind in PRUNABLE_KINDS:
+        group = api_version.rpartition("/")[0]
+        verbs = granted.get((group, _plural(kind)), set())
+        assert {"create", "patch", "list", "delete"} <= verbs, f"{kind}: {verbs}"
+    assert {"list", "watch", "patch"} <= granted[("tandem.dev", "servingclusters")]
+    assert granted[("tandem.dev", "servingclusters/status")] == {"patch"}
+    assert granted[("", "pods")] == {"get", "list", "watch"}
+    # Nothing the operator never touches: no Secrets, no cluster-scoped writes.
+    assert ("", "secrets") not in granted
+    assert ("", "nodes") not in granted
+
+
+def test_watching_namespaces_uses_roles_only(offline_clients: Clients) -> None:
+    docs = template(offline_clients, *VALUE_SETS["namespaced"])
+    # Only reading CRDs is cluster-wide; everything else is granted per namespace.
+    assert [r["metadata"]["name"] for r in by_kind(docs, "ClusterRole")] == ["tandem-crd-reader"]
+    assert sorted(r["metadata"]["namespace"] for r in by_kind(docs, "Role")) == [
+        "research",
+        "serving",
+    ]
+    [deployment] = by_kind(docs, "Deployment")
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--namespace=serving" in args
+    assert "--namespace=research" in args
+    assert "--all-namespaces" not in args
+
+
+def test_values_schema_refuses_bad_values(offline_clients: Clients) -> None:
+    for bad in (
+        "operator.healthPort=0",
+        "image.pullPolicy=Sometimes",
+        "operator.watchNamespaces={Bad_NS}",
+        "unknownKey=1",
+    ):
+        result = offline_clients.helm("template", "tandem", str(CHART), "--set", bad, check=False)
+        assert result.returncode != 0, bad
+        assert "values don't meet the specifications of the schema" in result.stderr, result.stderr
+
+
+def test_example_servingcluster_is_a_valid_object(offline_clients: Clients) -> None:
+    [example] = by_kind(template(offline_clients, *VALUE_SETS["everything"]), "ServingCluster")
+    cluster = parse_manifest(example)
+    assert cluster.namespace == "tandem-system"
+    assert cluster.spec.prefill.replicas == 1
