@@ -147,6 +147,16 @@ def graph_time_ms(fn, repeats: int) -> list[float]:  # type: ignore[no-untyped-d
     return time_ms(graph.replay, repeats)
 
 
+def timing_row(times: list[float], **configuration: int) -> dict[str, float]:
+    """One configuration's result: its parameters and the median, min and max milliseconds."""
+    return {
+        **configuration,
+        "ms": statistics.median(times),
+        "ms_min": min(times),
+        "ms_max": max(times),
+    }
+
+
 PREFILL_GRID = [  # (batch, new tokens, cached tokens)
     (1, 16, 0),
     (1, 64, 0),
@@ -183,16 +193,7 @@ def measure_prefill(model: Llama8BShape, repeats: int) -> list[dict[str, float]]
         tokens = torch.randint(0, VOCAB, (batch, new), device=model.device)
         step = functools.partial(model.forward, tokens, ks, vs, cached)
         times = graph_time_ms(step, repeats)
-        rows.append(
-            {
-                "batch": batch,
-                "new_tokens": new,
-                "cached_tokens": cached,
-                "ms": statistics.median(times),
-                "ms_min": min(times),
-                "ms_max": max(times),
-            }
-        )
+        rows.append(timing_row(times, batch=batch, new_tokens=new, cached_tokens=cached))
         print(f"prefill B={batch:<3} L={new:<6} P={cached:<6} {rows[-1]['ms']:9.3f} ms", flush=True)
         del step, ks, vs
         torch.cuda.empty_cache()
@@ -210,15 +211,7 @@ def measure_decode(model: Llama8BShape, repeats: int) -> list[dict[str, float]]:
             tokens = torch.randint(0, VOCAB, (batch, 1), device=model.device)
             step = functools.partial(model.forward, tokens, ks, vs, context)
             times = graph_time_ms(step, repeats)
-            rows.append(
-                {
-                    "batch": batch,
-                    "context": context,
-                    "ms": statistics.median(times),
-                    "ms_min": min(times),
-                    "ms_max": max(times),
-                }
-            )
+            rows.append(timing_row(times, batch=batch, context=context))
             print(f"decode  B={batch:<3} C={context:<6} {rows[-1]['ms']:9.3f} ms", flush=True)
             del step, ks, vs
             torch.cuda.empty_cache()

@@ -3,86 +3,24 @@
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-GOLDEN = ROOT.parent / "shared" / "golden"
-MODEL_DIR = GOLDEN / "model"
+from tandem_process import GOLDEN, MODEL_DIR, TandemProcess, free_port
 
 needs_golden = pytest.mark.skipif(not GOLDEN.is_dir(), reason="golden transcripts not present")
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class Emulator:
-    """One `tandem emulate` process; stopped (and reaped) on exit."""
+class Emulator(TandemProcess):
+    """One `tandem emulate` process on 127.0.0.1; stopped (and reaped) on exit."""
 
     def __init__(
         self, args: list[str], env: dict[str, str] | None = None, port: int | None = None
     ) -> None:
-        self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"tandem-emulator-{self.port}.log"
-        argv = [
-            sys.executable,
-            "-m",
-            "tandem.cli",
-            "emulate",
-            *args,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-        ]
-        self.log = self.log_path.open("wb")
-        self.proc = subprocess.Popen(
-            argv,
-            cwd=ROOT,
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {})},
-        )
-
-    def wait_ready(self, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"emulator exited with {self.proc.returncode}: {self.output()}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(self.url + "/health", timeout=1.0).status_code == 200:
-                    return
-            time.sleep(0.05)
-        raise TimeoutError(f"emulator not ready after {timeout} s: {self.output()}")
-
-    def output(self) -> str:
-        self.log.flush()
-        return self.log_path.read_text(errors="replace")[-4000:]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self.log.close()
-        with contextlib.suppress(OSError):
-            self.log_path.unlink()
+        port = port or free_port()
+        argv = ["emulate", *args, "--host", "127.0.0.1", "--port", str(port)]
+        super().__init__("emulator", argv, port, env)
 
 
 @contextlib.contextmanager

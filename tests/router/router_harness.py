@@ -4,78 +4,22 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable, Iterator
 
 import httpx
-
-ROOT = Path(__file__).resolve().parents[2]
-GOLDEN = ROOT.parent / "shared" / "golden"
-MODEL_DIR = GOLDEN / "model"
+from tandem_process import MODEL_DIR, TandemProcess, free_port
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+class Proc(TandemProcess):
+    """A router-test process: ready once its health path answers below 500."""
 
-
-class Proc:
-    """One `tandem ...` subprocess; stopped and reaped by `stop()`."""
-
-    def __init__(self, name: str, args: list[str], port: int, env: dict[str, str] | None = None):
-        self.name = name
-        self.port = port
-        self.url = f"http://127.0.0.1:{port}"
-        self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"tandem-test-{name}-{port}.log"
-        self.log = self.log_path.open("wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tandem.cli", *args],
-            cwd=ROOT,
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {})},
-        )
-
-    def wait_ready(self, path: str = "/health", timeout: float = 40.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"{self.name} exited with {self.proc.returncode}: {self.output()}"
-                )
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(self.url + path, timeout=1.0).status_code < 500:
-                    return
-            time.sleep(0.05)
-        raise TimeoutError(f"{self.name} not ready after {timeout}s: {self.output()}")
-
-    def output(self) -> str:
-        self.log.flush()
-        return self.log_path.read_text(errors="replace")[-4000:]
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self.log.close()
-        with contextlib.suppress(OSError):
-            self.log_path.unlink()
+    def wait_ready(
+        self,
+        path: str = "/health",
+        timeout: float = 40.0,
+        ready: Callable[[int], bool] = lambda status: status < 500,
+    ) -> None:
+        super().wait_ready(path, timeout, ready)
 
 
 ENGINE_ARGS = [

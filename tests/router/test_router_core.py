@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-from pathlib import Path
 
 import msgspec
 import pytest
+from tandem_process import GOLDEN as SHARED_GOLDEN
 
 from tandem.router.admission import Admission, QueueFull, parse_priority, retry_after_seconds
 from tandem.router.blocks import block_keys, salted_parent
@@ -27,7 +27,7 @@ from tandem.router.scorers.spread import spread_score
 from tandem.router.scoring import score_engines
 from tandem.router.sessions import SessionTable
 
-GOLDEN = Path("/work/shared/golden")
+GOLDEN = SHARED_GOLDEN
 
 
 def test_index_longest_prefix_per_engine() -> None:

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import base64
 import json
-from pathlib import Path
 
 import msgspec
 import pytest
+from tandem_process import GOLDEN as SHARED_GOLDEN
 
 from tandem.router.hashing import BlockHasher
 
-GOLDEN = Path("/work/shared/golden/kv_events")
+GOLDEN = SHARED_GOLDEN / "kv_events"
 pytestmark = pytest.mark.skipif(not GOLDEN.exists(), reason="golden captures not present")
 
 
