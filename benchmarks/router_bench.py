@@ -63,16 +63,16 @@ class Proc:
         argv: list[str],
         port: int,
         env: dict[str, str] | None = None,
-        cwd: Path = ROOT,
     ):
         self.name = name
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
+        self.kv_events = ""  # `--kv-events` value of an engine: URL=PUB,REPLAY
         self.log_path = Path("/tmp") / f"router-bench-{name}-{port}.log"
         self.log = self.log_path.open("wb")
         self.proc = subprocess.Popen(
             argv,
-            cwd=cwd,
+            cwd=ROOT,
             stdout=self.log,
             stderr=subprocess.STDOUT,
             env={**os.environ, **(env or {})},
@@ -154,18 +154,29 @@ def start_engine(speedup: float, profile: str | None, blocks: int | None) -> Pro
         argv += ["--timing-profile", profile]
     if blocks:
         argv += ["--num-gpu-blocks-override", str(blocks)]
+    # KV events as vLLM publishes them; only Tandem's router subscribes to them.
+    events, replay = free_port(), free_port()
+    argv += ["--kv-events-config", json.dumps({
+        "enable_kv_cache_events": True, "publisher": "zmq", "topic": "kv-events",
+        "endpoint": f"tcp://*:{events}", "replay_endpoint": f"tcp://*:{replay}",
+    })]  # fmt: skip
     # dev mode serves POST /reset_prefix_cache, so every router starts on cold caches
-    return Proc("engine", argv, port, {"PYTHONHASHSEED": "0", "VLLM_SERVER_DEV_MODE": "1"})
+    engine = Proc("engine", argv, port, {"PYTHONHASHSEED": "0", "VLLM_SERVER_DEV_MODE": "1"})
+    engine.kv_events = f"{engine.url}=tcp://127.0.0.1:{events},tcp://127.0.0.1:{replay}"
+    return engine
 
 
 def start_router(kind: str, engines: list[Proc]) -> Proc:
     port, metrics_port = free_port(), free_port()
     urls = [e.url for e in engines]
     if kind == "tandem":
+        # The engines tokenize with the emulator's fallback (no tokenizer.json): the router's
+        # matching tokenization keys its exact index on their KV events.
         argv = [sys.executable, "-m", "tandem.cli", "router", "--host", "127.0.0.1", "--port", str(port),
-                "--model", MODEL, "--block-size", "16", "--log-level", "warning"]  # fmt: skip
-        for url in urls:
-            argv += ["--worker", url]
+                "--model", MODEL, "--block-size", "16", "--log-level", "warning",
+                "--tokenizer", "tandem-fallback"]  # fmt: skip
+        for engine in engines:
+            argv += ["--worker", engine.url, "--kv-events", engine.kv_events]
         return Proc("tandem", argv + TANDEM_EXTRA_ARGS, port)
     # flags both peers share (they come from one code base); ports set explicitly, see PROTOCOLS.md §6
     shared = ["--host", "127.0.0.1", "--port", str(port), "--worker-urls", *urls,
@@ -173,12 +184,11 @@ def start_router(kind: str, engines: list[Proc]) -> Proc:
     if kind == "sglang":
         argv = [str(PEERS / "bin" / "python"), "-m", "sglang_router.launch_router", *shared,
                 "--policy", "cache_aware", "--log-level", "warn"]  # fmt: skip
-        # cwd outside the repository: its top-level operator/ would shadow the stdlib module
-        return Proc("sglang", argv, port, cwd=Path("/tmp"))
+        return Proc("sglang", argv, port)
     if kind == "vllm":
         argv = [str(PEERS / "bin" / "vllm-router"), *shared, "--policy", VLLM_POLICY,
                 "--log-level", "warning"]  # fmt: skip
-        return Proc("vllm", argv, port, cwd=Path("/tmp"))
+        return Proc("vllm", argv, port)
     raise ValueError(kind)
 
 

@@ -1,10 +1,12 @@
 """Request features for routing: prompt length in tokens and the prompt's block keys.
 
 With the model's tokenizer (`--tokenizer DIR`) the keys are exact: the same token blocks the
-engines hash, so they meet the KV-event index. Without it the documented approximation applies:
-the prompt text is cut into chunks of 4 x block_size characters (about one block at ~4 characters
-per token) and the token count is estimated as characters / 4; those keys can only meet the
-approximate index built from the router's own routing history.
+engines hash, so they meet the KV-event index; `--tokenizer tandem-fallback` is exact for
+`tandem emulate` engines that have no tokenizer.json (see fallback_tokenizer.py). Without either,
+the documented approximation applies: the prompt text is cut into chunks of 4 x block_size
+characters (about one block at ~4 characters per token) and the token count is estimated as
+characters / 4; those keys can only meet the approximate index built from the router's own
+routing history.
 Chat prompts are rendered with the tokenizer's chat template when jinja2 is importable, otherwise
 as `"{role}: {content}\\n"` per message followed by `"assistant:"`.
 """
@@ -13,11 +15,13 @@ from __future__ import annotations
 
 import json
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tandem.router.blocks import block_keys, salted_parent, text_block_keys
+from tandem.router.fallback_tokenizer import FALLBACK_TOKENIZER, fallback_token_ids
 
 CHARS_PER_TOKEN = 4
 
@@ -38,24 +42,27 @@ class Featurizer:
 
     def __init__(self, block_size: int, tokenizer_dir: str | None = None, cache_size: int = 1024):
         self.block_size = block_size
-        self._tokenizer: Any = None
+        self._encode: Callable[[str], list[int]] | None = None
         self._template: Any = None
         self._add_bos: str | None = None
         # keyed by (hash, length, salt) so cached prompts cost no memory beyond their features
         self._cache: OrderedDict[tuple[int, int, str | None], Features] = OrderedDict()
         self._cache_size = cache_size
-        if tokenizer_dir:
+        if tokenizer_dir == FALLBACK_TOKENIZER:
+            self._encode = fallback_token_ids
+        elif tokenizer_dir:
             self._load_tokenizer(Path(tokenizer_dir))
 
     @property
     def exact(self) -> bool:
-        return self._tokenizer is not None
+        return self._encode is not None
 
     def _load_tokenizer(self, path: Path) -> None:
         from tokenizers import Tokenizer
 
         file = path / "tokenizer.json" if path.is_dir() else path
-        self._tokenizer = Tokenizer.from_file(str(file))
+        tokenizer = Tokenizer.from_file(str(file))
+        self._encode = lambda text: list(tokenizer.encode(text, add_special_tokens=True).ids)
         config_file = file.parent / "tokenizer_config.json"
         if config_file.exists():
             config = json.loads(config_file.read_text())
@@ -78,8 +85,12 @@ class Featurizer:
                 continue
             content = message.get("content")
             if isinstance(content, list):  # content parts: keep the text ones
-                content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-            parts.append(f"{message.get('role', '')}: {content or ''}\n")
+                content = "".join(
+                    str(p.get("text", ""))
+                    for p in content
+                    if isinstance(p, dict) and p.get("type") == "text"
+                )
+            parts.append(f"{message.get('role', 'user')}: {'' if content is None else content}\n")
         parts.append("assistant:")
         return "".join(parts)
 
@@ -117,9 +128,8 @@ class Featurizer:
         if cached is not None:
             self._cache.move_to_end(cache_key)
             return cached
-        if self._tokenizer is not None:
-            ids = self._tokenizer.encode(text, add_special_tokens=True).ids
-            features = self.of_tokens(ids, salt)
+        if self._encode is not None:
+            features = self.of_tokens(self._encode(text), salt)
         else:
             prefix = "" if salt is None else f"\x00{salt}\x00"
             keys = text_block_keys(prefix + text, CHARS_PER_TOKEN * self.block_size)

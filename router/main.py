@@ -50,7 +50,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--block-size", type=int)
     p.add_argument("--hash-algo", choices=["sha256", "sha256_cbor"])
     p.add_argument("--hash-seed", help="the engines' PYTHONHASHSEED")
-    p.add_argument("--tokenizer", metavar="DIR", help="directory with the model's tokenizer.json")
+    p.add_argument(
+        "--tokenizer",
+        metavar="DIR",
+        help="directory with the model's tokenizer.json, or tandem-fallback (emulators without one)",
+    )
     p.add_argument("--prefix-weight", type=float)
     p.add_argument("--queue-weight", type=float)
     p.add_argument("--kv-usage-weight", type=float)

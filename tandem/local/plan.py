@@ -18,6 +18,7 @@ from typing import Any, Literal
 from tandem.operator.api import ServingCluster, pool_replicas
 from tandem.operator.render import disaggregated, rendered_roles, router_config, vllm_args, vllm_env
 from tandem.router.config import RouterConfig, StaticDiscovery, StaticEndpoint
+from tandem.router.fallback_tokenizer import FALLBACK_TOKENIZER
 
 LOCALHOST = "127.0.0.1"
 EngineKind = Literal["emulator", "vllm"]
@@ -158,6 +159,16 @@ def localize_env(
     return result
 
 
+def engines_tokenizer(sc: ServingCluster, options: LocalOptions) -> str | None:
+    """What tokenizes prompts in the local engines, for the router's exact prefix index: the
+    model's tokenizer.json when it is on this machine, else the emulator's fallback tokenization
+    (a local vLLM without a local tokenizer leaves the router on its approximation)."""
+    source = Path(sc.spec.model.tokenizer or sc.spec.model.name)
+    if (source / "tokenizer.json").is_file():
+        return str(source)
+    return FALLBACK_TOKENIZER if options.engine == "emulator" else None
+
+
 def engine_command(options: LocalOptions, args: list[str]) -> list[str]:
     """`tandem emulate ARGS [--timing-profile P] --speedup S --kv-events-bind-host 127.0.0.1`, or
     for the real engine vLLM's OpenAI server module with the model as `--model` (the module
@@ -224,7 +235,9 @@ def build_plan(
         by_alias=True, exclude={"kubernetes", "static", "host", "port"}
     )
     config = RouterConfig.model_validate(
-        rendered | {"host": LOCALHOST, "port": options.router_port, "static": static}
+        rendered
+        | {"host": LOCALHOST, "port": options.router_port, "static": static}
+        | {"tokenizer": rendered["tokenizer"] or engines_tokenizer(sc, options)}
     )
     config_path = run_dir / "router.yaml"
     router = ProcessSpec(
