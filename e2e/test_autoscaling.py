@@ -38,6 +38,8 @@ from e2e.harness.cluster import ControlPlane
 from e2e.harness.kube import eventually
 from e2e.harness.podrunner import PodRunner, RunningPod
 
+# The autoscaling suite's Prometheus and load helpers, and the process helpers they build on.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "autoscaling"))
 from load_generator import drive
 from pod_discovery import pod_discovery

@@ -6,7 +6,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -16,14 +15,9 @@ from typing import Any
 
 import httpx
 import yaml
+from tandem_process import free_port
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def static_job(name: str, targets: Sequence[tuple[str, Mapping[str, str]]]) -> dict[str, Any]:

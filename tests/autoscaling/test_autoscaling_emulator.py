@@ -3,18 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 from load_generator import drive
-from prometheus_process import PrometheusProcess, free_port, running_prometheus, static_job
+from prometheus_process import PrometheusProcess, running_prometheus, static_job
+from tandem_process import TandemProcess, free_port
 
 from tandem.operator.autoscaling.decision import PoolState, decide
 from tandem.operator.autoscaling.policy import pool_policies
@@ -36,42 +32,33 @@ POLICIES = pool_policies(
 )
 
 
-def start_emulator(port: int) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [TANDEM, "emulate", "--model", "tiny", "--host", "127.0.0.1", "--port", str(port),
-         "--timing-profile", str(PROFILE), "--log-level", "WARNING"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
+def start_emulator(pool: str) -> TandemProcess:
+    port = free_port()
+    args = ["emulate", "--model", "tiny", "--host", "127.0.0.1", "--port", str(port),
+            "--timing-profile", str(PROFILE), "--log-level", "WARNING"]  # fmt: skip
+    return TandemProcess(f"emulator-{pool}", args, port)
 
 
 @pytest.fixture(scope="module")
 def engines() -> Iterator[tuple[PrometheusProcess, dict[str, str]]]:
-    ports = {"prefill": free_port(), "decode": free_port()}
-    processes = [start_emulator(port) for port in ports.values()]
-    urls = {pool: f"http://127.0.0.1:{port}" for pool, port in ports.items()}
+    processes = {pool: start_emulator(pool) for pool in ("prefill", "decode")}
+    urls = {pool: process.url for pool, process in processes.items()}
     targets = [
         (
-            f"127.0.0.1:{port}",
+            f"127.0.0.1:{process.port}",
             {"namespace": "serving", "tandem_dev_cluster": "llama", "tandem_dev_role": pool},
         )
-        for pool, port in ports.items()
+        for pool, process in processes.items()
     ]
     try:
-        deadline = time.monotonic() + 20
-        for url in urls.values():
-            while time.monotonic() < deadline:
-                try:
-                    if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    time.sleep(0.2)
+        for process in processes.values():
+            process.wait_ready(timeout=20)
         with running_prometheus([static_job("engines", targets)]) as prometheus:
             prometheus.wait_for_targets(2)
             yield prometheus, urls
     finally:
-        for process in processes:
-            os.killpg(process.pid, signal.SIGTERM)
-            process.wait(timeout=10)
+        for process in processes.values():
+            process.stop()
 
 
 async def test_prefill_overload_scales_prefill_and_not_decode(

@@ -18,7 +18,8 @@ import pytest
 from kubernetes import client as k8s
 from pod_discovery import pod_targets, serve_targets
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
-from prometheus_process import PrometheusProcess, engine_pods_job, free_port, running_prometheus
+from prometheus_process import PrometheusProcess, engine_pods_job, running_prometheus
+from tandem_process import free_port
 
 from tandem.operator.autoscaling.decision import PoolState, decide
 from tandem.operator.autoscaling.policy import PoolPolicy

@@ -6,18 +6,16 @@ what vLLM sent, including tokens whose text is empty and chunks carrying several
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import aiohttp
 import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
+from tandem_process import GOLDEN
 
 from tandem.bench.client import RequestResult, send
 from tandem.bench.sampler import KEPT_BUCKETS, flatten
 
 # Beside the repository, as the other suites find them.
-GOLDEN = Path(__file__).resolve().parents[3] / "shared" / "golden"
 pytestmark = pytest.mark.skipif(
     not GOLDEN.is_dir(), reason="the golden vLLM transcripts are not on this machine"
 )

@@ -2,54 +2,29 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
+from tandem_process import TandemProcess, free_port
 
 from tandem.bench.main import main
 from tandem.bench.records import BenchRecord
-from tandem.local.cluster import free_port
 
 pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture(scope="module")
-def emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def emulator() -> Iterator[str]:
     port = free_port()
-    log = (tmp_path_factory.mktemp("emulator") / "engine.log").open("wb")
-    command = [sys.executable, "-m", "tandem.cli", "emulate", "tiny-model", "--served-model-name", "tiny",
-               "--host", "127.0.0.1", "--port", str(port), "--block-size", "16", "--speedup", "10"]  # fmt: skip
-    process = subprocess.Popen(
-        command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-    )
-    url = f"http://127.0.0.1:{port}"
+    args = ["emulate", "tiny-model", "--served-model-name", "tiny", "--host", "127.0.0.1",
+            "--port", str(port), "--block-size", "16", "--speedup", "10"]  # fmt: skip
+    process = TandemProcess("bench-emulator", args, port)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert process.poll() is None, "the emulator exited while starting"
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "the emulator did not become healthy"
-            time.sleep(0.2)
-        yield url
+        process.wait_ready(timeout=60)
+        yield process.url
     finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-        log.close()
+        process.stop()
 
 
 def test_shared_prefix_run_reads_usage_and_engine_metrics(emulator: str, tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ import json
 
 import msgspec
 import pytest
-from tandem_process import GOLDEN as SHARED_GOLDEN
+from tandem_process import GOLDEN
 
 from tandem.router.admission import Admission, QueueFull, parse_priority, retry_after_seconds
 from tandem.router.blocks import block_keys, salted_parent
@@ -26,8 +26,6 @@ from tandem.router.scorers.queue import queue_score
 from tandem.router.scorers.spread import spread_score
 from tandem.router.scoring import score_engines
 from tandem.router.sessions import SessionTable
-
-GOLDEN = SHARED_GOLDEN
 
 
 def test_index_longest_prefix_per_engine() -> None:
