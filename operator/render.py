@@ -698,7 +698,7 @@ def render(sc: ServingCluster) -> list[dict[str, Any]]:
     if sc.spec.network_policy.enabled:
         objects += network_policies(sc)
     if external_scaling(sc):
-        objects += external_autoscalers(sc)
+        objects += provider_autoscalers(sc)
     return objects
 
 
@@ -708,9 +708,9 @@ def external_scaling(sc: ServingCluster) -> bool:
     return scaling.enabled and scaling.provider != "tandem"
 
 
-def external_autoscalers(sc: ServingCluster) -> list[dict[str, Any]]:
+def provider_autoscalers(sc: ServingCluster) -> list[dict[str, Any]]:
     """The ScaledObjects or HPAs of `spec.autoscaling.provider`, one per pool."""
     # Imported here: those renderers build on this module's names.
-    from tandem.operator.autoscaling.external import external_autoscalers as render_for
+    from tandem.operator.autoscaling.external import external_autoscalers
 
-    return render_for(sc, sc.spec.autoscaling.provider)
+    return external_autoscalers(sc, sc.spec.autoscaling.provider)
