@@ -15,12 +15,7 @@ import tomllib
 print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))
 PY
 RUN /opt/tandem/bin/pip install -r /tmp/requirements.txt
-# tandem/operator, tandem/router, ... are links into the top-level folders; copy them all.
 COPY tandem ./tandem
-COPY operator ./operator
-COPY router ./router
-COPY emulator ./emulator
-COPY bench ./bench
 RUN /opt/tandem/bin/pip install --no-deps . \
  && /opt/tandem/bin/tandem --help >/dev/null
 

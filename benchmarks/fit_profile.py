@@ -12,7 +12,7 @@ fitted by non-negative least squares on relative error (each row weighted by 1 /
 so short decode steps count as much as long prefills. Usage:
 
     python benchmarks/fit_profile.py docs/profiles/h200-llama-3.1-8b-raw.json \
-        --name h200-llama-3.1-8b-bf16 --out emulator/profiles/h200-llama-3.1-8b.yaml
+        --name h200-llama-3.1-8b-bf16 --out tandem/emulator/profiles/h200-llama-3.1-8b.yaml
 """
 
 from __future__ import annotations

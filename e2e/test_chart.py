@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -62,11 +63,8 @@ def test_chart_crd_is_the_generated_crd(offline_clients: Clients) -> None:
     [crd] = by_kind(template(offline_clients, "--include-crds"), "CustomResourceDefinition")
     generated = yaml.safe_load((ROOT / "crds" / "tandem.dev_servingclusters.yaml").read_text())
     assert crd == generated
-    assert (CHART / "crds" / "tandem.dev_servingclusters.yaml").resolve() == (
-        ROOT / "crds" / "tandem.dev_servingclusters.yaml"
-    ).resolve(), "charts/tandem/crds/ links to crds/, the one generated file"
     printed = subprocess.run(
-        [str(ROOT / ".venv" / "bin" / "tandem"), "crd"], capture_output=True, text=True, check=True
+        [sys.executable, "-m", "tandem.cli", "crd"], capture_output=True, text=True, check=True
     )
     assert yaml.safe_load(printed.stdout) == generated, (
         "crds/ is stale: regenerate with `tandem crd`"

@@ -27,12 +27,13 @@ def walk(node: dict[str, Any], path: str = "") -> list[tuple[str, dict[str, Any]
     return found
 
 
-def test_crds_folder_matches_the_models() -> None:
-    on_disk = (ROOT / "crds" / CRD_FILE).read_text()
+@pytest.mark.parametrize("folder", ["crds", "charts/tandem/crds"])
+def test_crds_folder_matches_the_models(folder: str) -> None:
+    on_disk = (ROOT / folder / CRD_FILE).read_text()
     assert on_disk == crd_yaml(), (
-        "crds/ drifted from the models: run `tandem crd > crds/" + CRD_FILE + "`"
+        f"{folder}/ drifted from the models: run `tandem crd > {folder}/{CRD_FILE}`"
     )
-    assert [p.name for p in (ROOT / "crds").iterdir()] == [CRD_FILE]
+    assert [p.name for p in (ROOT / folder).iterdir()] == [CRD_FILE]
 
 
 def test_schema_is_structural() -> None:
