@@ -22,44 +22,92 @@ and then, anywhere: `python benchmarks/fit_profile.py results.json` fits the emu
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
-LAYERS, HIDDEN, HEADS, KV_HEADS, HEAD_DIM, FFN, VOCAB = 32, 4096, 32, 8, 128, 14336, 128256
 DTYPE = torch.bfloat16
 
 
-class Llama8BShape:
-    """Random-weight transformer with Llama-3.1-8B's shapes and a static KV cache."""
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """A Llama-style decoder's dimensions."""
 
-    def __init__(self, device: torch.device) -> None:
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    vocab: int
+
+
+LLAMA_8B = Shape(
+    layers=32, hidden=4096, heads=32, kv_heads=8, head_dim=128, ffn=14336, vocab=128256
+)
+# attention(q [B, T, H, D], k and v [B, S, KV_H, D] with S = start + T, start) -> [B, H, T, D]
+Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
+
+
+def expanded_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int
+) -> torch.Tensor:
+    """SDPA over [B, T, H, D] tensors; grouped-query heads are expanded where a mask is needed,
+    because the bottom-right causal kernels take equal head counts."""
+    t, total = q.shape[1], k.shape[1]
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    if t == 1:
+        return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    groups = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(t, total))
+
+
+class RandomLlama:
+    """Random-weight transformer with Llama-3.1-8B's shapes (or another `Shape`) and a static KV
+    cache."""
+
+    def __init__(
+        self,
+        device: torch.device,
+        shape: Shape = LLAMA_8B,
+        attention: Attention = expanded_attention,
+    ) -> None:
         g = torch.Generator(device=device).manual_seed(0)
+        self.shape, self.attention = shape, attention
+        hidden, heads, kv_heads, head_dim = (
+            shape.hidden,
+            shape.heads,
+            shape.kv_heads,
+            shape.head_dim,
+        )
 
-        def w(*shape: int) -> torch.Tensor:
-            return torch.randn(*shape, device=device, dtype=DTYPE, generator=g) * 0.02
+        def w(*dims: int) -> torch.Tensor:
+            return torch.randn(*dims, device=device, dtype=DTYPE, generator=g) * 0.02
 
-        self.embed = w(VOCAB, HIDDEN)
-        self.lm_head = w(HIDDEN, VOCAB)
-        qkv = (HEADS + 2 * KV_HEADS) * HEAD_DIM
+        self.embed = w(shape.vocab, hidden)
+        self.lm_head = w(hidden, shape.vocab)
+        qkv = (heads + 2 * kv_heads) * head_dim
         self.layers = [
             {
-                "wqkv": w(HIDDEN, qkv),
-                "wo": w(HEADS * HEAD_DIM, HIDDEN),
-                "w13": w(HIDDEN, 2 * FFN),
-                "w2": w(FFN, HIDDEN),
-                "n1": torch.ones(HIDDEN, device=device, dtype=DTYPE),
-                "n2": torch.ones(HIDDEN, device=device, dtype=DTYPE),
+                "wqkv": w(hidden, qkv),
+                "wo": w(heads * head_dim, hidden),
+                "w13": w(hidden, 2 * shape.ffn),
+                "w2": w(shape.ffn, hidden),
+                "n1": torch.ones(hidden, device=device, dtype=DTYPE),
+                "n2": torch.ones(hidden, device=device, dtype=DTYPE),
             }
-            for _ in range(LAYERS)
+            for _ in range(shape.layers)
         ]
         self.device = device
-        inv = 1.0 / (500000.0 ** (torch.arange(0, HEAD_DIM, 2, device=device).float() / HEAD_DIM))
+        inv = 1.0 / (500000.0 ** (torch.arange(0, head_dim, 2, device=device).float() / head_dim))
         self.inv_freq = inv
 
     def rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -72,48 +120,42 @@ class Llama8BShape:
     def forward(
         self,
         tokens: torch.Tensor,  # [B, T]
-        k_cache: list[torch.Tensor],  # per layer [B, S, KV_HEADS, HEAD_DIM]
+        k_cache: list[torch.Tensor],  # per layer [B, S, kv_heads, head_dim]
         v_cache: list[torch.Tensor],
         start: int,
+        all_logits: bool = False,
     ) -> torch.Tensor:
+        """Logits of the last position, or of every position (`all_logits`, as speculative
+        verification needs)."""
         b, t = tokens.shape
+        s = self.shape
         positions = torch.arange(start, start + t, device=self.device)
         x = self.embed[tokens]
         total = start + t
-        mask = None if t == 1 else causal_lower_right(t, total)
         for layer, kc, vc in zip(self.layers, k_cache, v_cache, strict=True):
-            h = F.rms_norm(x, (HIDDEN,), layer["n1"])
+            h = F.rms_norm(x, (s.hidden,), layer["n1"])
             qkv = h @ layer["wqkv"]
-            q, k, v = qkv.split([HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM], -1)
-            q = self.rope(q.view(b, t, HEADS, HEAD_DIM), positions)
-            k = self.rope(k.view(b, t, KV_HEADS, HEAD_DIM), positions)
+            q, k, v = qkv.split(
+                [s.heads * s.head_dim, s.kv_heads * s.head_dim, s.kv_heads * s.head_dim], -1
+            )
+            q = self.rope(q.view(b, t, s.heads, s.head_dim), positions)
+            k = self.rope(k.view(b, t, s.kv_heads, s.head_dim), positions)
             kc[:, start:total] = k
-            vc[:, start:total] = v.view(b, t, KV_HEADS, HEAD_DIM)
-            attn = attention(q, kc[:, :total], vc[:, :total], mask)
-            x = x + attn.transpose(1, 2).reshape(b, t, HEADS * HEAD_DIM) @ layer["wo"]
-            h = F.rms_norm(x, (HIDDEN,), layer["n2"])
+            vc[:, start:total] = v.view(b, t, s.kv_heads, s.head_dim)
+            attn = self.attention(q, kc[:, :total], vc[:, :total], start)
+            x = x + attn.transpose(1, 2).reshape(b, t, s.heads * s.head_dim) @ layer["wo"]
+            h = F.rms_norm(x, (s.hidden,), layer["n2"])
             gate, up = (h @ layer["w13"]).chunk(2, dim=-1)
             x = x + (F.silu(gate) * up) @ layer["w2"]
-        return x[:, -1] @ self.lm_head
-
-
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: object) -> torch.Tensor:
-    """SDPA over [B, T, H, D] tensors; grouped-query heads are expanded where a mask is needed,
-    because the bottom-right causal kernels take equal head counts."""
-    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-    if mask is None:
-        return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
-    groups = HEADS // KV_HEADS
-    k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return (x if all_logits else x[:, -1]) @ self.lm_head
 
 
 def kv_cache(
-    batch: int, length: int, device: torch.device
+    batch: int, length: int, device: torch.device, model: Shape = LLAMA_8B
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    shape = (batch, length, KV_HEADS, HEAD_DIM)
-    ks = [torch.randn(shape, device=device, dtype=DTYPE) for _ in range(LAYERS)]
-    vs = [torch.randn(shape, device=device, dtype=DTYPE) for _ in range(LAYERS)]
+    shape = (batch, length, model.kv_heads, model.head_dim)
+    ks = [torch.randn(shape, device=device, dtype=DTYPE) for _ in range(model.layers)]
+    vs = [torch.randn(shape, device=device, dtype=DTYPE) for _ in range(model.layers)]
     return ks, vs
 
 
@@ -186,11 +228,11 @@ MAX_DECODE_KV_TOKENS = 600_000  # ~79 GB of KV at 131072 bytes per token, beside
 
 
 @torch.inference_mode()
-def measure_prefill(model: Llama8BShape, repeats: int) -> list[dict[str, float]]:
+def measure_prefill(model: RandomLlama, repeats: int) -> list[dict[str, float]]:
     rows = []
     for batch, new, cached in PREFILL_GRID:
         ks, vs = kv_cache(batch, cached + new, model.device)
-        tokens = torch.randint(0, VOCAB, (batch, new), device=model.device)
+        tokens = torch.randint(0, LLAMA_8B.vocab, (batch, new), device=model.device)
         step = functools.partial(model.forward, tokens, ks, vs, cached)
         times = graph_time_ms(step, repeats)
         rows.append(timing_row(times, batch=batch, new_tokens=new, cached_tokens=cached))
@@ -201,14 +243,14 @@ def measure_prefill(model: Llama8BShape, repeats: int) -> list[dict[str, float]]
 
 
 @torch.inference_mode()
-def measure_decode(model: Llama8BShape, repeats: int) -> list[dict[str, float]]:
+def measure_decode(model: RandomLlama, repeats: int) -> list[dict[str, float]]:
     rows = []
     for context in DECODE_CONTEXTS:
         for batch in DECODE_BATCHES:
             if batch * (context + 1) > MAX_DECODE_KV_TOKENS:
                 continue
             ks, vs = kv_cache(batch, context + 1, model.device)
-            tokens = torch.randint(0, VOCAB, (batch, 1), device=model.device)
+            tokens = torch.randint(0, LLAMA_8B.vocab, (batch, 1), device=model.device)
             step = functools.partial(model.forward, tokens, ks, vs, context)
             times = graph_time_ms(step, repeats)
             rows.append(timing_row(times, batch=batch, context=context))
@@ -239,21 +281,12 @@ def main() -> None:
     args = parser.parse_args()
     device = torch.device("cuda")
     started = time.time()
-    model = Llama8BShape(device)
+    model = RandomLlama(device)
     result = {
         "device": torch.cuda.get_device_name(device),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
-        "model": {
-            "layers": LAYERS,
-            "hidden": HIDDEN,
-            "heads": HEADS,
-            "kv_heads": KV_HEADS,
-            "head_dim": HEAD_DIM,
-            "ffn": FFN,
-            "vocab": VOCAB,
-            "dtype": "bfloat16",
-        },
+        "model": {**dataclasses.asdict(LLAMA_8B), "dtype": "bfloat16"},
         "method": "median of CUDA-event timings of CUDA-graph replays after 3 warm-ups",
         "repeats": args.repeats,
         "copy": measure_copy_bandwidth(device),
