@@ -9,9 +9,19 @@ The model, one engine step = one forward pass over a mixed batch:
       + per_context_token_s  * sum of the decode sequences' context lengths
 
 fitted by non-negative least squares on relative error (each row weighted by 1 / measured time),
-so short decode steps count as much as long prefills. Usage:
+so short decode steps count as much as long prefills.
+
+With `--speculative` (h200_speculative.py's JSON) it also fits what verifying k drafts adds to a
+decode step of B sequences over C cached tokens, against the k = 0 step of the same run:
+
+    verify(B, C, k) - verify(B, C, 0) = verify_base_s + per_verify_token_s * B * k
+                                        + per_verify_context_token_s * B * k * C
+
+each draft proposer's decode step (base_s + per_seq_s * B + per_context_token_s * B * C), and the
+memory model (weights, activation bytes per prefill token, memory outside PyTorch). Usage:
 
     python benchmarks/fit_profile.py docs/profiles/h200-llama-3.1-8b-raw.json \
+        --speculative docs/profiles/h200-llama-3.1-8b-speculative-raw.json \
         --name h200-llama-3.1-8b-bf16 --out tandem/emulator/profiles/h200-llama-3.1-8b.yaml
 """
 
@@ -65,11 +75,81 @@ def nonnegative_least_squares(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def fit(raw: dict[str, Any]) -> tuple[dict[str, float], list[tuple[str, float, float]]]:
     features, measured, labels = design(raw)
-    weights = 1.0 / measured
-    coefficients = nonnegative_least_squares(features * weights[:, None], measured * weights)
-    predicted = features @ coefficients
+    coefficients, predicted = fit_rows(
+        features.tolist(), measured.tolist(), (1.0 / measured).tolist()
+    )
     table = [(label, m, p) for label, m, p in zip(labels, measured, predicted, strict=True)]
     return {name: float(f"{c:.4g}") for name, c in zip(TERMS, coefficients, strict=True)}, table
+
+
+def fit_rows(
+    features: list[list[float]], measured: list[float], weights: list[float]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Non-negative least squares of measured ~ features, rows weighted; (coefficients, predicted)."""
+    a, b, w = np.array(features), np.array(measured), np.array(weights)
+    coefficients = nonnegative_least_squares(a * w[:, None], b * w)
+    return coefficients, a @ coefficients
+
+
+def fit_speculative(raw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the profile's `speculative` section, its `memory` section) from h200_speculative.py's JSON."""
+    plain = {(r["batch"], r["context"]): r["ms"] / 1e3 for r in raw["verify"] if r["k"] == 0}
+    rows = [r for r in raw["verify"] if r["k"] > 0]
+    features = [[1.0, r["batch"] * r["k"], r["batch"] * r["k"] * r["context"]] for r in rows]
+    extra = [r["ms"] / 1e3 - plain[(r["batch"], r["context"])] for r in rows]
+    # relative to the whole verify step, which is what the emulated step time is made of
+    weights = [1e3 / r["ms"] for r in rows]
+    (base, per_token, per_pair), predicted = fit_rows(features, extra, weights)
+    errors = [abs(p - e) / (r["ms"] / 1e3) for p, e, r in zip(predicted, extra, rows, strict=True)]
+    print(
+        f"verify: base {base * 1e3:.3f} ms, {per_token * 1e6:.2f} us per drafted token, "
+        f"{per_pair * 1e9:.3f} ns per drafted token x context; |error| of the verify step "
+        f"mean {100 * np.mean(errors):.1f}%, max {100 * max(errors):.1f}% over {len(rows)} rows"
+    )
+    drafts = {}
+    for name, measured in raw["draft"].items():
+        features = [[1.0, r["batch"], r["batch"] * r["context"]] for r in measured]
+        coefficients, predicted = fit_rows(
+            features, [r["ms"] / 1e3 for r in measured], [1e3 / r["ms"] for r in measured]
+        )
+        worst = max(
+            abs(p - r["ms"] / 1e3) / (r["ms"] / 1e3)
+            for p, r in zip(predicted, measured, strict=True)
+        )
+        print(f"draft {name}: {[f'{c:.4g}' for c in coefficients]}, max |error| {100 * worst:.1f}%")
+        drafts[name] = dict(
+            zip(("base_s", "per_seq_s", "per_context_token_s"), (float(f"{c:.4g}") for c in coefficients), strict=True)
+        )  # fmt: skip
+    speculative = {
+        "verify_base_s": float(f"{base:.4g}"),
+        "per_verify_token_s": float(f"{per_token:.4g}"),
+        "per_verify_context_token_s": float(f"{per_pair:.4g}"),
+        # vLLM's method names: a draft model, and the one-layer heads (EAGLE, EAGLE-3, MTP,
+        # Medusa and MLP speculators cost about one decoder layer plus the LM head)
+        "drafts": {
+            "draft_model": drafts["llama-1b"],
+            **{
+                m: dict(drafts["eagle"])
+                for m in ("eagle", "eagle3", "mtp", "medusa", "mlp_speculator")
+            },
+        },
+    }
+    activations = raw["activations"]
+    slope = (activations[-1]["peak_bytes"] - activations[0]["peak_bytes"]) / (
+        activations[-1]["prefill_tokens"] - activations[0]["prefill_tokens"]
+    )
+    utilisation = raw["utilisation"][0]
+    memory = {
+        "total_bytes": int(raw["nvidia_smi_idle"]["fb_total_mib"]) * 2**20,
+        "weights_bytes": int(raw["weights_bytes"]),
+        "activation_bytes_per_token": round(slope),
+        "non_torch_bytes": int(
+            (utilisation["nvml_fb_used_mib"] - utilisation["torch_reserved_mib"]) * 2**20
+        ),
+        "reference_gpu_memory_utilization": 0.92,
+        "reference_max_num_batched_tokens": 8192,
+    }
+    return speculative, memory
 
 
 def main() -> None:
@@ -77,6 +157,7 @@ def main() -> None:
     parser.add_argument("raw", type=Path)
     parser.add_argument("--name", default="h200-llama-3.1-8b-bf16")
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--speculative", type=Path, help="h200_speculative.py's JSON")
     parser.add_argument(
         "--transfer-bandwidth",
         type=float,
@@ -121,6 +202,10 @@ def main() -> None:
         },
         "capacity": {"num_gpu_blocks": args.num_gpu_blocks},
     }
+    if args.speculative:
+        speculative, memory = fit_speculative(json.loads(args.speculative.read_text()))
+        profile["speculative"] = speculative
+        profile["memory"] = memory
     text = yaml.safe_dump(profile, sort_keys=False, width=100)
     if args.out:
         args.out.write_text(text)

@@ -405,6 +405,8 @@ class OpenAIServer:
         public_id = f"{prefix}-{base_id}"
         internal_id = f"{public_id}-0-{uuid.uuid4().hex[:8]}"
         seed = body.get("seed")
+        xargs = body.get("vllm_xargs")
+        acceptance = xargs.get("spec_acceptance_rate") if isinstance(xargs, dict) else None
         engine_request = self.engine.new_request(
             internal_id,
             prompt_ids,
@@ -414,6 +416,7 @@ class OpenAIServer:
             stop_token_ids=stop_token_ids,
             ignore_eos=ignore_eos,
             cache_salt=cache_salt,
+            acceptance_rate=float(acceptance) if isinstance(acceptance, int | float) else None,
         )
         if isinstance(params, dict) and self.engine.connector is not None:
             if params.get("do_remote_decode"):

@@ -7,7 +7,7 @@ import json
 import logging
 from typing import Any
 
-from tandem.emulator.config import EngineConfig, Faults, KVTransferConfig
+from tandem.emulator.config import EngineConfig, Faults, KVTransferConfig, SpeculativeConfig
 from tandem.emulator.kv_events import KVEventsConfig
 from tandem.emulator.profile import available_profiles, default_profile_name
 
@@ -83,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--seed", type=int, default=0)
     v.add_argument("--kv-transfer-config", type=_json_arg, default=None)
     v.add_argument("--kv-events-config", type=_json_arg, default=None)
+    v.add_argument("--speculative-config", type=_json_arg, default=None)
     v.add_argument("--api-key", default=None)
     v.add_argument("--enable-server-load-tracking", action="store_true")
     v.add_argument("--enable-request-id-headers", action="store_true")
@@ -109,6 +110,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-nixl",
         action="store_true",
         help="P/D without moving KV bytes through NIXL (metadata and timing only)",
+    )
+    e.add_argument(
+        "--spec-acceptance-rate",
+        type=float,
+        default=0.7,
+        help="with --speculative-config: the chance that a drafted token is accepted, for requests "
+        "that give none in vllm_xargs.spec_acceptance_rate (default 0.7)",
+    )
+    e.add_argument(
+        "--batching",
+        choices=["continuous", "static"],
+        default="continuous",
+        help="static: requests are admitted only when the running batch has drained (no joining "
+        "mid-flight), for comparison with vLLM's continuous batching",
     )
     e.add_argument("--startup-delay", type=float, default=0.0, help="seconds before the port opens")
     e.add_argument(
@@ -206,6 +221,9 @@ def parse_args(argv: list[str]) -> tuple[EngineConfig, list[str], str]:
         kv_events_config=KVEventsConfig.model_validate(ns.kv_events_config)
         if ns.kv_events_config
         else None,
+        speculative_config=SpeculativeConfig.model_validate(ns.speculative_config)
+        if ns.speculative_config
+        else None,
         api_key=ns.api_key,
         enable_server_load_tracking=ns.enable_server_load_tracking,
         enable_request_id_headers=ns.enable_request_id_headers,
@@ -214,6 +232,8 @@ def parse_args(argv: list[str]) -> tuple[EngineConfig, list[str], str]:
         kv_events_bind_host=ns.kv_events_bind_host,
         kv_handshake_timeout_s=ns.kv_handshake_timeout,
         use_nixl=not ns.no_nixl,
+        spec_acceptance_rate=ns.spec_acceptance_rate,
+        batching=ns.batching,
         faults=Faults(
             startup_delay_s=ns.startup_delay,
             error_rate=ns.error_rate,

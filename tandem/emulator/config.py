@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -24,6 +24,25 @@ class KVTransferConfig(BaseModel):
     @property
     def lease_seconds(self) -> float:
         return float(self.kv_connector_extra_config.get("kv_lease_duration", 30))
+
+
+class SpeculativeConfig(BaseModel):
+    """`--speculative-config` (vLLM's SpeculativeConfig fields used here; others kept, ignored)."""
+
+    model_config = ConfigDict(extra="allow")
+    method: str | None = None
+    num_speculative_tokens: int = Field(1, ge=1)
+    model: str | None = None
+
+    @property
+    def proposer(self) -> str:
+        """The method, inferred as vLLM does when not given: ngram without a draft model, EAGLE
+        when the draft's name says so, else a draft model."""
+        if self.method:
+            return self.method
+        if self.model is None:
+            return "ngram"
+        return "eagle" if "eagle" in self.model.lower() else "draft_model"
 
 
 class Faults(BaseModel):
@@ -62,6 +81,7 @@ class EngineConfig(BaseModel):
     seed: int = 0
     kv_transfer_config: KVTransferConfig | None = None
     kv_events_config: KVEventsConfig | None = None
+    speculative_config: SpeculativeConfig | None = None
     api_key: str | None = None
     enable_server_load_tracking: bool = False
     enable_request_id_headers: bool = False
@@ -71,6 +91,9 @@ class EngineConfig(BaseModel):
     kv_events_bind_host: str | None = None
     kv_handshake_timeout_s: float = Field(5.0, gt=0)
     use_nixl: bool = True
+    # acceptance rate of a drafted token for requests that do not give one (vllm_xargs)
+    spec_acceptance_rate: float = Field(0.7, ge=0, le=1)
+    batching: Literal["continuous", "static"] = "continuous"
     faults: Faults = Field(default_factory=Faults)
 
     @property

@@ -16,7 +16,7 @@ from tandem.emulator.config import EngineConfig
 from tandem.emulator.hashing import hash_function, none_hash
 from tandem.emulator.kv_cache import KVCacheManager
 from tandem.emulator.kv_events import KVEventPublisher
-from tandem.emulator.metrics import EngineMetrics
+from tandem.emulator.metrics import EmulatedGPU, EngineMetrics, SpecDecodeCounters
 from tandem.emulator.profile import TimingProfile
 from tandem.emulator.request import FinishReason, Request, Status
 from tandem.emulator.scheduler import Batch, Scheduler
@@ -67,13 +67,14 @@ class Engine:
             or str(uuid.uuid4())
         )
         self.max_model_len = config.resolved_max_model_len()
-        self.num_gpu_blocks = config.num_gpu_blocks_override or profile.capacity.blocks_for(
-            config.block_size
+        self.num_gpu_blocks = config.num_gpu_blocks_override or profile.num_gpu_blocks(
+            config.block_size, config.gpu_memory_utilization, config.max_num_batched_tokens
         )
         events_cfg = config.kv_events_config
         self.events_enabled = bool(
             events_cfg and events_cfg.enable_kv_cache_events and events_cfg.publisher == "zmq"
         )
+        self.spec = config.speculative_config
         self.kv = KVCacheManager(
             num_blocks=self.num_gpu_blocks,
             block_size=config.block_size,
@@ -90,6 +91,9 @@ class Engine:
             max_model_len=self.max_model_len,
             output_ids=tokenizer.output_ids,
             enable_chunked_prefill=config.enable_chunked_prefill,
+            num_speculative_tokens=self.spec.num_speculative_tokens if self.spec else 0,
+            static_batching=config.batching == "static",
+            seed=config.seed,
         )
         self.scheduler.on_first_scheduled = self._on_first_scheduled
         self.scheduler.on_remote_kv = self._on_remote_kv
@@ -100,6 +104,13 @@ class Engine:
             and bool(config.kv_transfer_config.kv_connector),
         )
         self.metrics.cache_config_info = self._cache_config_info()
+        self.metrics.gpu = EmulatedGPU(
+            profile.gpu_memory(),
+            kv_block_bytes=profile.model.kv_bytes_per_token * config.block_size,
+            engine_id=self.engine_id,
+        )
+        if self.spec is not None:
+            self.metrics.spec = SpecDecodeCounters(self.spec.num_speculative_tokens)
         self.scheduler.itl = self.metrics.itl
         self.publisher: KVEventPublisher | None = None
         self.connector: PDConnector | None = None
@@ -172,7 +183,10 @@ class Engine:
         stop_token_ids: tuple[int, ...] = (),
         ignore_eos: bool = False,
         cache_salt: str | None = None,
+        acceptance_rate: float | None = None,
     ) -> Request:
+        """A request for this engine; `acceptance_rate` (speculative decoding) defaults to
+        --spec-acceptance-rate."""
         now = asyncio.get_running_loop().time()
         base = seed if seed is not None else zlib.crc32(repr(prompt_token_ids[-64:]).encode())
         request = Request(
@@ -185,6 +199,9 @@ class Engine:
             stop_token_ids=stop_token_ids,
             ignore_eos=ignore_eos,
             cache_salt=cache_salt,
+            acceptance_rate=self.config.spec_acceptance_rate
+            if acceptance_rate is None
+            else min(max(acceptance_rate, 0.0), 1.0),
         )
         faults = self.faults
         if faults.stall_after_tokens and self._fault_rng.random() < faults.stall_rate:
@@ -243,6 +260,10 @@ class Engine:
         profile = self.profile
         speedup = self.speedup
         faults = self.faults
+        spec = self.spec
+        gpu = self.metrics.gpu
+        assert gpu is not None
+        gpu.clock = loop.time
         next_start = 0.0
         cpu = time.thread_time
         while True:
@@ -264,6 +285,13 @@ class Engine:
             step_s = profile.step_seconds(
                 batch.prefill_chunks, batch.decode_seqs, batch.decode_context_tokens
             )
+            if spec is not None:
+                step_s += profile.speculative.seconds(
+                    spec.proposer,
+                    spec.num_speculative_tokens,
+                    batch.decode_seqs,
+                    batch.decode_context_tokens,
+                )
             simulated = step_s
             if (
                 faults.slow_token_probability
@@ -271,6 +299,7 @@ class Engine:
             ):
                 step_s += faults.slow_token_delay_s
             deadline = start + step_s / speedup
+            gpu.step(start, deadline, self.kv.num_used_blocks(), batch.total_tokens)
             delay = deadline - loop.time()
             await asyncio.sleep(delay if delay > 0 else 0)
             cpu1 = cpu()
@@ -391,6 +420,10 @@ class Engine:
             m.kv_fetch_in_progress = sum(1 for r in deferred if not r.kv_ready)
             m.kv_fetch_completed_waiting = len(deferred) - m.kv_fetch_in_progress
         m.kv_cache_usage = self.kv.usage()
+        if m.gpu is not None:
+            m.gpu.kv_blocks_in_use = self.kv.num_used_blocks()
+        if m.spec is not None:
+            m.spec.read(scheduler)
         m.prefix_cache_queries.value = self.kv.queries
         m.prefix_cache_hits.value = self.kv.hits
 

@@ -342,5 +342,9 @@ class KVCacheManager:
     def usage(self) -> float:
         return self.pool.usage()
 
+    def num_used_blocks(self) -> int:
+        """Blocks held by requests (cached blocks nobody holds count as free, as in usage())."""
+        return self.pool.num_blocks - 1 - self.pool.num_free
+
     def reset_prefix_cache(self) -> bool:
         return self.pool.reset_prefix_cache()

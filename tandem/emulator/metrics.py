@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import bisect
+import socket
 import time
-from collections.abc import Iterator, Sequence
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -17,6 +20,11 @@ from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.utils import floatToGoString
+
+from tandem.emulator.profile import GPUMemory
+
+if TYPE_CHECKING:
+    from tandem.emulator.scheduler import Scheduler
 
 TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
 TTFT_BUCKETS = (
@@ -149,6 +157,14 @@ HELP = {
     "vllm:request_num_preemptions": "Histogram of the number of times a request was preempted.",
     "vllm:request_prefill_kv_computed_tokens": "Histogram of new KV tokens computed during prefill (excluding cached tokens).",
     "vllm:cache_config_info": "Information of the LLMEngine CacheConfig",
+    "vllm:spec_decode_num_drafts_total": "Number of spec decoding drafts.",
+    "vllm:spec_decode_num_draft_tokens_total": "Number of draft tokens.",
+    "vllm:spec_decode_num_accepted_tokens_total": "Number of accepted tokens.",
+    "vllm:spec_decode_num_accepted_tokens_per_pos_total": "Accepted tokens per draft position.",
+    # dcgm-exporter's names and units (emulated: see EmulatedGPU)
+    "DCGM_FI_DEV_GPU_UTIL": "GPU utilization (in %).",
+    "DCGM_FI_DEV_FB_USED": "Framebuffer memory used (in MiB).",
+    "DCGM_FI_DEV_FB_FREE": "Framebuffer memory free (in MiB).",
 }
 
 
@@ -187,6 +203,98 @@ class Counter:
         self.value += amount
 
 
+class EmulatedGPU:
+    """The emulated GPU as dcgm-exporter would report it, for resource monitoring.
+
+    Memory used (MiB) = non-PyTorch memory + weights + KV blocks in use * block bytes
+                        + activation bytes per token * tokens of the step in flight;
+    utilisation (%) = share of the last `window_s` seconds during which a step was computing
+    (NVML's definition: time a kernel ran over the sample period; on the H200 it tracked the
+    duty cycle of back-to-back decode steps within a point, docs/profiles/).
+
+    What is modelled: the memory that the KV blocks and one step's activations fill, which is
+    what moves under load. A real vLLM reserves its whole KV pool at start, so a real
+    DCGM_FI_DEV_FB_USED stays flat near gpu_memory_utilization of the card and its movement
+    shows in vllm:kv_cache_usage_perc instead.
+    """
+
+    def __init__(
+        self,
+        memory: GPUMemory,
+        kv_block_bytes: int,
+        engine_id: str,
+        window_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.memory = memory
+        self.kv_block_bytes = kv_block_bytes
+        self.uuid = f"GPU-emulated-{engine_id}"
+        self.window_s = window_s
+        self.clock = clock  # the engine loop's clock, which stamps the steps
+        self.kv_blocks_in_use = 0
+        self.steps: deque[tuple[float, float, int]] = deque()  # (start, end, tokens)
+
+    def step(self, start: float, end: float, kv_blocks_in_use: int, tokens: int) -> None:
+        self.kv_blocks_in_use = kv_blocks_in_use
+        steps = self.steps
+        steps.append((start, end, tokens))
+        horizon = end - self.window_s
+        while steps and steps[0][1] < horizon:
+            steps.popleft()
+
+    def utilisation(self, now: float) -> float:
+        """Busy fraction of [now - window, now]."""
+        low = now - self.window_s
+        busy = sum(max(0.0, min(end, now) - max(start, low)) for start, end, _ in self.steps)
+        return min(1.0, busy / self.window_s)
+
+    def used_bytes(self, now: float) -> int:
+        m = self.memory
+        in_flight = (
+            self.steps[-1] if self.steps and self.steps[-1][0] <= now < self.steps[-1][1] else None
+        )
+        activations = m.activation_bytes_per_token * in_flight[2] if in_flight else 0
+        return (
+            m.non_torch_bytes
+            + m.weights_bytes
+            + self.kv_blocks_in_use * self.kv_block_bytes
+            + activations
+        )
+
+    def collect(self) -> Iterator[Metric]:
+        return self.collect_at(self.clock())
+
+    def collect_at(self, now: float) -> Iterator[Metric]:
+        labels = ["gpu", "UUID", "device", "modelName", "Hostname"]
+        values = ["0", self.uuid, "nvidia0", "NVIDIA H200 (emulated)", socket.gethostname()]
+        used = min(self.used_bytes(now), self.memory.total_bytes)
+        for name, value in (
+            ("DCGM_FI_DEV_GPU_UTIL", round(100 * self.utilisation(now))),
+            ("DCGM_FI_DEV_FB_USED", used // 2**20),
+            ("DCGM_FI_DEV_FB_FREE", (self.memory.total_bytes - used) // 2**20),
+        ):
+            family = GaugeMetricFamily(name, HELP[name], labels=labels)
+            family.add_metric(values, float(value))
+            yield family
+
+
+class SpecDecodeCounters:
+    """vLLM's speculative-decoding counters, copied from the scheduler's tallies."""
+
+    def __init__(self, num_speculative_tokens: int) -> None:
+        self.drafts = Counter()
+        self.draft_tokens = Counter()
+        self.accepted_tokens = Counter()
+        self.accepted_per_pos = {str(i): Counter() for i in range(num_speculative_tokens)}
+
+    def read(self, scheduler: Scheduler) -> None:
+        self.drafts.value = scheduler.spec_drafts
+        self.draft_tokens.value = scheduler.spec_draft_tokens
+        self.accepted_tokens.value = scheduler.spec_accepted_tokens
+        for position, count in enumerate(scheduler.spec_accepted_per_pos):
+            self.accepted_per_pos[str(position)].value = count
+
+
 class EngineMetrics:
     """Every vLLM metric this engine exposes, with labels model_name and engine."""
 
@@ -195,6 +303,8 @@ class EngineMetrics:
         self.engine = engine
         self.kv_connector = kv_connector
         self.cache_config_info: dict[str, str] = {}
+        self.gpu: EmulatedGPU | None = None
+        self.spec: SpecDecodeCounters | None = None
         # gauges, refreshed by the engine loop
         self.num_running = 0
         self.num_waiting = 0
@@ -355,6 +465,15 @@ class EngineMetrics:
             "vllm:prompt_tokens_cached_by_source", "source", self.prompt_tokens_cached_by_source
         )
         yield counter("vllm:generation_tokens", self.generation_tokens)
+        if self.spec is not None:
+            yield counter("vllm:spec_decode_num_drafts", self.spec.drafts)
+            yield counter("vllm:spec_decode_num_draft_tokens", self.spec.draft_tokens)
+            yield counter("vllm:spec_decode_num_accepted_tokens", self.spec.accepted_tokens)
+            yield labeled_counter(
+                "vllm:spec_decode_num_accepted_tokens_per_pos",
+                "position",
+                self.spec.accepted_per_pos,
+            )
         yield labeled_counter("vllm:request_success", "finished_reason", self.request_success)
         rejections = CounterMetricFamily(
             "vllm:admission_rejections",
@@ -379,6 +498,8 @@ class EngineMetrics:
         labels = {**self.cache_config_info, "engine": self.engine}
         info.add_metric([labels[k] for k in sorted(labels)], 1.0)
         yield info
+        if self.gpu is not None:
+            yield from self.gpu.collect()
 
 
 def build_registry(metrics: EngineMetrics) -> CollectorRegistry:

@@ -64,7 +64,8 @@ class KVTransferTiming(BaseModel):
 
 
 class Capacity(BaseModel):
-    """KV capacity when --num-gpu-blocks-override is not given.
+    """KV capacity when --num-gpu-blocks-override is not given (at the memory model's reference
+    settings when the profile has one: TimingProfile.num_gpu_blocks).
 
     num_gpu_blocks counts blocks of REFERENCE_BLOCK_SIZE (16, vLLM's default) tokens: like vLLM,
     which sizes the cache in bytes, another --block-size keeps the same number of KV tokens.
@@ -73,8 +74,69 @@ class Capacity(BaseModel):
     model_config = ConfigDict(extra="forbid")
     num_gpu_blocks: int = Field(30000, ge=2)
 
-    def blocks_for(self, block_size: int) -> int:
-        return max(2, self.num_gpu_blocks * REFERENCE_BLOCK_SIZE // block_size)
+
+class DraftTiming(BaseModel):
+    """One step of a draft proposer over the speculating sequences:
+
+    t = base_s + per_seq_s * seqs + per_context_token_s * sum of their context lengths
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    base_s: float = Field(0.0, ge=0)
+    per_seq_s: float = Field(0.0, ge=0)
+    per_context_token_s: float = Field(0.0, ge=0)
+
+    def seconds(self, seqs: int, context_tokens: int) -> float:
+        return self.base_s + self.per_seq_s * seqs + self.per_context_token_s * context_tokens
+
+
+class SpeculativeTiming(BaseModel):
+    """What speculative decoding adds to a step in which `seqs` sequences verify k drafts each.
+
+    verify = verify_base_s + per_verify_token_s * seqs * k
+             + per_verify_context_token_s * k * sum of the sequences' context lengths
+    (on top of the plain decode step of the same sequences), and the proposer runs k draft steps
+    before it: k * drafts[method].seconds(seqs, context). Methods without an entry cost nothing
+    on the GPU (ngram looks the drafts up in the prompt on the CPU).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    verify_base_s: float = Field(0.0, ge=0)
+    per_verify_token_s: float = Field(2.2e-5, ge=0)
+    per_verify_context_token_s: float = Field(0.0, ge=0)
+    drafts: dict[str, DraftTiming] = Field(default_factory=dict)
+
+    def seconds(self, method: str, k: int, seqs: int, context_tokens: int) -> float:
+        if k <= 0 or seqs <= 0:
+            return 0.0
+        verify = (
+            self.verify_base_s
+            + self.per_verify_token_s * seqs * k
+            + self.per_verify_context_token_s * k * context_tokens
+        )
+        draft = self.drafts.get(method)
+        return verify + (k * draft.seconds(seqs, context_tokens) if draft else 0.0)
+
+
+class GPUMemory(BaseModel):
+    """The emulated GPU's memory, for capacity and the DCGM-named gauges.
+
+    Used = non_torch_bytes + weights_bytes + KV blocks in use * block bytes
+           + activation_bytes_per_token * tokens of the step in flight.
+    KV capacity moves with --gpu-memory-utilization and --max-num-batched-tokens as vLLM's
+    profiling run makes it: the profile's num_gpu_blocks hold at the reference settings, and
+        blocks = num_gpu_blocks + ((util - reference_util) * total_bytes
+                 - (max_num_batched_tokens - reference_tokens) * activation_bytes_per_token)
+                 / (kv bytes per token * 16)
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    total_bytes: int = Field(150_754_820_096, ge=1)  # 143771 MiB, an H200 as NVML reports it
+    weights_bytes: int = Field(16_094_069_248, ge=0)
+    activation_bytes_per_token: int = Field(161_605, ge=0)
+    non_torch_bytes: int = Field(825_229_312, ge=0)  # CUDA context and NCCL, outside PyTorch
+    reference_gpu_memory_utilization: float = Field(0.92, gt=0, le=1)
+    reference_max_num_batched_tokens: int = Field(8192, ge=1)
 
 
 class TimingProfile(BaseModel):
@@ -85,6 +147,27 @@ class TimingProfile(BaseModel):
     step: StepTiming = StepTiming()
     kv_transfer: KVTransferTiming = KVTransferTiming()
     capacity: Capacity = Capacity()
+    speculative: SpeculativeTiming = SpeculativeTiming()
+    memory: GPUMemory | None = None  # None: capacity stays num_gpu_blocks whatever the settings
+
+    def gpu_memory(self) -> GPUMemory:
+        """The memory model (an H200 with 8B bf16 weights when the profile gives none)."""
+        return self.memory or GPUMemory()
+
+    def num_gpu_blocks(
+        self, block_size: int, gpu_memory_utilization: float, max_num_batched_tokens: int
+    ) -> int:
+        """KV blocks of `block_size` tokens at these settings (see GPUMemory)."""
+        blocks16 = self.capacity.num_gpu_blocks
+        memory = self.memory
+        if memory is not None:
+            spare = (
+                gpu_memory_utilization - memory.reference_gpu_memory_utilization
+            ) * memory.total_bytes - (
+                max_num_batched_tokens - memory.reference_max_num_batched_tokens
+            ) * memory.activation_bytes_per_token
+            blocks16 += int(spare // (self.model.kv_bytes_per_token * REFERENCE_BLOCK_SIZE))
+        return max(2, blocks16 * REFERENCE_BLOCK_SIZE // block_size)
 
     def step_seconds(
         self,

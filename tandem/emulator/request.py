@@ -58,6 +58,8 @@ class Request:
     stop_token_ids: tuple[int, ...] = ()
     eos_token_id: int | None = None
     ignore_eos: bool = False
+    # speculative decoding: the chance that a drafted token is accepted
+    acceptance_rate: float = 0.0
     # P/D
     do_remote_decode: bool = False
     remote_prefill: RemotePrefill | None = None

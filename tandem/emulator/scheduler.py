@@ -1,9 +1,14 @@
 """Continuous batching as vLLM v1 does it: running first, then waiting; a token budget with
-chunked prefill; preemption of the newest running request when KV blocks run out."""
+chunked prefill; preemption of the newest running request when KV blocks run out.
+
+Two variations for experiments: speculative decoding (every decode verifies k drafted tokens and
+keeps the accepted ones plus one), and static batching (waiting requests are admitted only when
+the running batch has drained, up to max_num_seqs of them: no joining mid-flight)."""
 
 from __future__ import annotations
 
 import contextlib
+import random
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable
@@ -59,6 +64,9 @@ class Scheduler:
         max_model_len: int,
         output_ids: list[int],
         enable_chunked_prefill: bool = True,
+        num_speculative_tokens: int = 0,
+        static_batching: bool = False,
+        seed: int = 0,
     ) -> None:
         self.kv = kv
         self.max_num_seqs = max_num_seqs
@@ -69,6 +77,15 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
+        self.num_speculative_tokens = num_speculative_tokens
+        self.static_batching = static_batching
+        self._cohort_left = 0  # static batching: requests of the current batch not yet admitted
+        self._spec_rng = random.Random(seed)
+        # speculative decoding: verify steps, drafted tokens, accepted tokens (vLLM's counters)
+        self.spec_drafts = 0
+        self.spec_draft_tokens = 0
+        self.spec_accepted_tokens = 0
+        self.spec_accepted_per_pos = [0] * num_speculative_tokens
         # called when a remote-prefill request got its blocks: (request, local hit tokens)
         self.on_remote_kv: Callable[[Request, int], None] | None = None
         # called for every request that is scheduled for the first time
@@ -113,6 +130,7 @@ class Scheduler:
         decodes = batch.decodes
         decode_seqs = 0
         decode_context = 0
+        lookahead = self.num_speculative_tokens  # KV slots and budget for the drafted tokens
         req_index = 0
         while req_index < len(running) and budget > 0:
             request = running[req_index]
@@ -121,14 +139,18 @@ class Scheduler:
                 continue
             computed = request.num_computed_tokens
             num_new = len(request.token_ids) - computed
-            if num_new == 1 and computed < max_len - 1 and computed < request.kv_capacity:
+            if (
+                num_new == 1
+                and computed < max_len - 1
+                and computed + lookahead < request.kv_capacity
+            ):
                 # decode fast path: the slot exists; register the block if this token fills it
                 if caching and (computed + 1) // bs > request.num_cached_blocks:
                     kv.cache_blocks(request, computed + 1)
                 decodes.append(request)
                 decode_seqs += 1
                 decode_context += computed
-                budget -= 1
+                budget -= 1 + lookahead
                 continue
             if num_new > budget:
                 num_new = budget
@@ -137,7 +159,8 @@ class Scheduler:
             if num_new <= 0:
                 continue
             scheduled = True
-            while not kv.allocate_slots(request, num_new):
+            slots = num_new + lookahead if num_new == 1 else num_new
+            while not kv.allocate_slots(request, slots):
                 victim = running.pop()
                 self._preempt(victim, batch)
                 if victim is request:
@@ -146,20 +169,31 @@ class Scheduler:
             if not scheduled:
                 break
             self._add_to_batch(batch, request, num_new)
-            budget -= num_new
+            batch.total_tokens += slots - num_new  # a decode's drafted tokens
+            budget -= slots
         batch.decode_seqs += decode_seqs
         batch.decode_context_tokens += decode_context
         batch.total_tokens = self.max_num_batched_tokens - budget
 
         if not batch.preempted:
-            self._schedule_waiting(batch, budget)
+            limit = self.max_num_seqs
+            if self.static_batching:
+                if not self.running and not self._cohort_left:
+                    self._cohort_left = min(len(self.waiting), self.max_num_seqs)
+                limit = len(self.running) + self._cohort_left
+            admitted = self._schedule_waiting(batch, budget, limit)
+            if self.static_batching:
+                self._cohort_left -= admitted
         return batch
 
-    def _schedule_waiting(self, batch: Batch, budget: int) -> None:
+    def _schedule_waiting(self, batch: Batch, budget: int, max_running: int) -> int:
+        """Admit waiting requests while the budget, the KV pool and `max_running` allow; returns
+        how many became running."""
         kv = self.kv
         waiting = self.waiting
         skipped: list[Request] = []
-        while waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+        admitted = 0
+        while waiting and budget > 0 and len(self.running) < max_running:
             request = waiting[0]
             if request.status is Status.WAITING_FOR_REMOTE_KVS:
                 if not request.kv_ready:
@@ -201,8 +235,10 @@ class Scheduler:
             self.running.append(request)
             self._add_to_batch(batch, request, num_new)
             budget -= num_new
+            admitted += 1
         if skipped:
             waiting.extendleft(reversed(skipped))
+        return admitted
 
     def _finish_remote_kv(self, request: Request) -> None:
         """The pulled prompt KV is in place: cache its full blocks and recompute only the last token."""
@@ -233,8 +269,27 @@ class Scheduler:
         request.num_computed_tokens = 0
         request.num_preemptions += 1
         self.num_preemptions += 1
+        if self.static_batching:
+            self._cohort_left += 1  # it stays in its batch
         self.waiting.appendleft(request)
         batch.preempted.append(request)
+
+    def _accepted_drafts(self, request: Request) -> int:
+        """Drafted tokens accepted in one verify step: each of the k is accepted with the
+        request's rate until the first rejection (the verified model's token replaces it)."""
+        k = self.num_speculative_tokens
+        if not k:
+            return 0
+        accepted = 0
+        rate = request.acceptance_rate
+        rng = self._spec_rng.random
+        while accepted < k and rng() < rate:
+            self.spec_accepted_per_pos[accepted] += 1
+            accepted += 1
+        self.spec_drafts += 1
+        self.spec_draft_tokens += k
+        self.spec_accepted_tokens += accepted
+        return accepted
 
     # ------------------------------------------------------------------ after the step
     def update(
@@ -262,15 +317,32 @@ class Scheduler:
                 request.num_computed_tokens += num_new
                 if request.num_computed_tokens >= len(request.token_ids):
                     ready.append(request)  # the last chunk of a prompt: sample a token
-        for request in chain(batch.decodes, ready):
+        num_decodes = len(batch.decodes)
+        for index, request in enumerate(chain(batch.decodes, ready)):
             if request.status is not running_status:
                 continue  # aborted during the step
             tokens = request.token_ids
-            request.num_computed_tokens = len(tokens)
-            state = (request.rng_state * _LCG_A + _LCG_C) & _LCG_MASK
-            request.rng_state = state
-            token = output_ids[(state >> 8) % n_out]
-            tokens.append(token)
+            emit = 1 + self._accepted_drafts(request) if index < num_decodes else 1
+            for _ in range(emit):
+                state = (request.rng_state * _LCG_A + _LCG_C) & _LCG_MASK
+                request.rng_state = state
+                token = output_ids[(state >> 8) % n_out]
+                tokens.append(token)
+                num_output = len(tokens) - request.num_prompt_tokens
+                if num_output >= request.max_tokens or len(tokens) >= max_len:
+                    request.finish_reason = FinishReason.LENGTH
+                elif (
+                    request.stop_token_ids
+                    and token in request.stop_token_ids
+                    and num_output >= request.min_tokens
+                ):
+                    request.finish_reason = FinishReason.STOP
+                    request.stop_reason = token
+                else:
+                    continue
+                break  # tokens drafted past the end are dropped, as vLLM drops them
+            # the last token's KV is computed by the next step
+            request.num_computed_tokens = len(tokens) - 1
             produced.append(request)
             last = request.last_token_time
             request.last_token_time = now
@@ -279,19 +351,12 @@ class Scheduler:
             else:
                 counts[bisect_left(bounds, now - last)] += 1
                 gaps += now - last
-            num_output = len(tokens) - request.num_prompt_tokens
-            if request.stall_after and num_output >= request.stall_after:
-                request.stall = True  # failure injection: this stream stops producing tokens
-            if num_output >= request.max_tokens or len(tokens) >= max_len:
-                request.finish_reason = FinishReason.LENGTH
-            elif (
-                request.stop_token_ids
-                and token in request.stop_token_ids
-                and num_output >= request.min_tokens
+            if (
+                request.stall_after
+                and len(tokens) - request.num_prompt_tokens >= request.stall_after
             ):
-                request.finish_reason = FinishReason.STOP
-                request.stop_reason = token
-            else:
+                request.stall = True  # failure injection: this stream stops producing tokens
+            if request.finish_reason is None:
                 continue
             request.status = Status.FINISHED
             finished.append(request)
