@@ -127,6 +127,22 @@ def build_parser() -> argparse.ArgumentParser:
         "prefix with an endpoint's label to tie it to that endpoint only",
     )
     client.add_argument("--sample-interval", type=float, default=0.5)
+    resources = parser.add_argument_group("resources")
+    resources.add_argument(
+        "--prometheus",
+        metavar="URL",
+        help="a Prometheus that scrapes dcgm-exporter: sample its GPU utilisation and memory",
+    )
+    resources.add_argument(
+        "--pid",
+        action="append",
+        default=[],
+        metavar="NAME=PID",
+        help="a local process (engine, router) whose CPU and resident memory to sample",
+    )
+    resources.add_argument(
+        "--no-nvml", action="store_true", help="do not read this machine's GPUs through NVML"
+    )
     client.add_argument("--slo-ttft-ms", type=float, default=SLO().ttft_ms)
     client.add_argument("--slo-itl-ms", type=float, default=SLO().itl_ms)
     output = parser.add_argument_group("output")
@@ -188,6 +204,9 @@ def targets_from_args(args: argparse.Namespace) -> list[Target]:
     for target in targets:
         if not target.metrics:
             target.metrics["endpoint"] = f"{target.url}/metrics"
+        for spec in args.pid:
+            name, _, pid = spec.partition("=")
+            target.processes[name] = int(pid)
     return targets
 
 
@@ -205,6 +224,8 @@ def options_from_args(args: argparse.Namespace) -> RunOptions:
         sample_interval_s=args.sample_interval,
         headers=headers,
         progress=not args.quiet,
+        prometheus_url=args.prometheus,
+        nvml=not args.no_nvml,
     )
 
 

@@ -15,6 +15,7 @@ import numpy as np
 from matplotlib.axes import Axes
 
 from tandem.bench.records import BenchRecord
+from tandem.bench.resources import first_saturated
 
 GAUGES = [
     ("vllm:num_requests_waiting", "waiting requests"),
@@ -195,10 +196,70 @@ def breakdown_bars(records: Sequence[BenchRecord], path: Path) -> Path:
     return path
 
 
+RESOURCE_SERIES = (  # (sample name or DCGM prefix, panel, scale)
+    ("DCGM_FI_DEV_GPU_UTIL", "GPU utilisation (%)", 1.0),
+    ("vllm:kv_cache_usage_perc", "KV cache usage (%)", 100.0),
+    ("process_cpu_percent", "process CPU (% of a core)", 1.0),
+    ("DCGM_FI_DEV_FB_USED", "GPU memory used (MiB)", 1.0),
+    ("process_resident_memory_mib", "process resident memory (MiB)", 1.0),
+    ("vllm:num_preemptions_total", "preemptions (cumulative)", 1.0),
+)
+
+
+def resources_timeseries(records: Sequence[BenchRecord], path: Path) -> Path | None:
+    """One panel per resource kind with a line per source (and GPU); the first saturation of
+    each run is marked."""
+    panels = [
+        (prefix, title, scale)
+        for prefix, title, scale in RESOURCE_SERIES
+        if any(k.startswith(prefix) for r in records for s in r.samples for k in s.values)
+    ]
+    if not panels:
+        return None
+    fig, axes = plt.subplots(
+        len(panels), 1, figsize=(12, 2.4 * len(panels)), sharex=True, squeeze=False
+    )
+    for record in records:
+        for ax, (prefix, title, scale) in zip(axes[:, 0], panels, strict=True):
+            series: dict[str, list[tuple[float, float]]] = {}
+            for sample in record.samples:
+                for key, value in sample.values.items():
+                    if key.startswith(prefix):
+                        suffix = key[len(prefix) :].replace("{gpu=", " gpu ").rstrip("}")
+                        series.setdefault(f"{sample.source}{suffix}", []).append(
+                            (sample.t_s, value * scale)
+                        )
+            for name, points in series.items():
+                xs, ys = zip(*points, strict=True)
+                label = name if len(records) == 1 else f"{record.label}: {name}"
+                ax.plot(xs, ys, label=label, linewidth=1.2)
+            ax.set_ylabel(title, fontsize=8)
+            ax.grid(True, alpha=0.3)
+        first = first_saturated(record.resources)
+        if first is not None and first.saturated_at_s is not None:
+            for ax in axes[:, 0]:
+                ax.axvline(first.saturated_at_s, color="red", linestyle=":", linewidth=1)
+            axes[0, 0].set_title(
+                f"{record.label}: first to saturate — {first.name} ({first.source}) at "
+                f"{first.saturated_at_s:.1f} s",
+                fontsize=9,
+            )
+    for ax in axes[:, 0]:
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7, loc="upper right", ncol=2)
+    axes[-1, 0].set_xlabel("seconds since the measured run started")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def write_all(records: Sequence[BenchRecord], directory: Path) -> list[Path]:
     directory.mkdir(parents=True, exist_ok=True)
-    return [
+    written = [
         latency_cdfs(records, directory / "latency_cdf.png"),
         timeseries(records, directory / "timeseries.png"),
         breakdown_bars(records, directory / "breakdown.png"),
     ]
+    resources = resources_timeseries(records, directory / "resources.png")
+    return [*written, resources] if resources else written

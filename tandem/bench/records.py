@@ -73,6 +73,22 @@ class EngineTotals(_Record):
     router_ms_per_request: dict[str, float] = Field(default_factory=dict)
 
 
+class ResourceSummary(_Record):
+    """One resource over the run (tandem.bench.resources): baseline is the first sample, before
+    the load; saturated_at_s is when it first reached saturation_threshold of its capacity."""
+
+    name: str
+    source: str
+    unit: str
+    baseline: float
+    mean: float
+    p99: float
+    peak: float
+    capacity: float | None = None
+    saturation_threshold: float | None = None
+    saturated_at_s: float | None = None
+
+
 class RequestRecord(_Record):
     index: int
     klass: str
@@ -123,6 +139,7 @@ class BenchRecord(_Record):
     by_phase: dict[str, Summary] = Field(default_factory=dict)
     requests: list[RequestRecord] = Field(default_factory=list)
     samples: list[SampleRecord] = Field(default_factory=list)
+    resources: list[ResourceSummary] = Field(default_factory=list)
 
     def save(self, path: Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from tandem.bench.baseline import METRICS, Change
 from tandem.bench.records import BenchRecord, Percentiles, Summary
+from tandem.bench.resources import first_saturated
 
 
 def _ms(value: float | None) -> str:
@@ -142,6 +143,41 @@ def groups_table(groups: dict[str, Summary], title: str) -> Table:
     return table
 
 
+def _amount(value: float | None, unit: str) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,.0f}" if unit in ("MiB", "count") or value >= 100 else f"{value:.1f}"
+
+
+def resources_table(record: BenchRecord) -> Table:
+    """Baseline, mean, p99 and peak of each resource, and when it saturated."""
+    table = Table(title="resources (baseline = before the load)", title_justify="left")
+    for column in ("resource", "source", "unit", "baseline", "mean", "p99", "peak", "saturated"):
+        table.add_column(column, justify="left" if column in ("resource", "source") else "right")
+    first = first_saturated(record.resources)
+    for r in record.resources:
+        if r.saturated_at_s is None:
+            saturated = "-"
+        else:
+            saturated = f"at {r.saturated_at_s:.1f} s" + (" [bold](first)[/]" if r is first else "")
+        table.add_row(
+            r.name, r.source, r.unit, _amount(r.baseline, r.unit), _amount(r.mean, r.unit),
+            _amount(r.p99, r.unit), _amount(r.peak, r.unit), saturated,
+        )  # fmt: skip
+    return table
+
+
+def saturation_line(record: BenchRecord) -> str:
+    first = first_saturated(record.resources)
+    if first is None:
+        return "no resource reached its saturation threshold"
+    threshold = f"{100 * (first.saturation_threshold or 0):.0f}%"
+    what = "first preemption" if first.name == "preemptions" else f"≥ {threshold} of capacity"
+    return (
+        f"first to saturate: {first.name} ({first.source}) at {first.saturated_at_s:.1f} s ({what})"
+    )
+
+
 def print_record(console: Console, record: BenchRecord) -> None:
     console.rule(f"[bold]{record.label}[/] — {record.endpoint} — model {record.model}")
     console.print(
@@ -153,6 +189,9 @@ def print_record(console: Console, record: BenchRecord) -> None:
         console.print(groups_table(record.by_class, "by request class"))
     if record.by_phase:
         console.print(groups_table(record.by_phase, "by phase"))
+    if record.resources:
+        console.print(resources_table(record))
+        console.print(saturation_line(record))
     lag = max((r.lag_ms for r in record.requests), default=0.0)
     if lag > 50:
         console.print(

@@ -16,6 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from tandem.bench.client import Api, RequestResult, discover_model, request_body, send
 from tandem.bench.records import BenchRecord, RequestRecord, SampleRecord, versions
+from tandem.bench.resources import LocalProbe, summarize_resources
 from tandem.bench.sampler import Sampler
 from tandem.bench.spec import SLO, Burst, FixedQPS, Mixed, SharedPrefix
 from tandem.bench.stats import burst_recovery, engine_totals, group_by, queue_share, summarize
@@ -33,6 +34,7 @@ class Target:
     url: str
     metrics: dict[str, str] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)
+    processes: dict[str, int] = field(default_factory=dict)  # local engine/router pids to watch
 
     @property
     def completions_url(self) -> str:
@@ -53,6 +55,8 @@ class RunOptions:
     sample_interval_s: float = 0.5
     headers: dict[str, str] = field(default_factory=dict)
     progress: bool = True
+    prometheus_url: str | None = None  # a Prometheus holding dcgm-exporter's GPU gauges
+    nvml: bool = True  # read this machine's GPUs through NVML when nvidia-ml-py is installed
 
 
 def _record(result: RequestResult) -> RequestRecord:
@@ -176,9 +180,16 @@ async def run_target(
             if not any(r.ok for r in warm):
                 errors = "; ".join(sorted({f"{r.status} {r.error}" for r in warm}))[:500]
                 raise RuntimeError(f"every warm-up request to {run.url} failed: {errors}")
-        sampler = Sampler(dict(target.metrics), options.sample_interval_s)
+        probe = LocalProbe(target.processes, options.nvml)
+        sampler = Sampler(
+            dict(target.metrics),
+            options.sample_interval_s,
+            prometheus=options.prometheus_url,
+            probe=probe if probe.active else None,
+        )
         t0 = time.perf_counter()
         await sampler.start(session, t0)
+        t0 = sampler.t0
         progress = Progress(
             TextColumn(f"[bold]{target.label}[/] {workload.kind}"),
             BarColumn(),
@@ -247,6 +258,7 @@ async def run_target(
         by_phase=group_by(requests, "phase", options.slo) if workload.kind == "burst" else {},
         requests=requests,
         samples=samples,
+        resources=summarize_resources(samples),
     )
 
 

@@ -8,8 +8,11 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-# Families worth keeping: vLLM's (the engines, real or emulated) and Tandem's own (the router).
-KEPT_PREFIXES = ("vllm:", "tandem_")
+from tandem.bench.resources import LocalProbe, dcgm_key, query_prometheus
+
+# Families worth keeping: vLLM's (the engines, real or emulated), Tandem's own (the router) and
+# dcgm-exporter's GPU gauges (kept per GPU as `NAME{gpu=GPU}`).
+KEPT_PREFIXES = ("vllm:", "tandem_", "DCGM_")
 # Histograms whose buckets are kept (as `name{le=BOUND}` keys), for engine-side percentiles.
 KEPT_BUCKETS = ("vllm:inter_token_latency_seconds_bucket",)
 
@@ -36,7 +39,10 @@ def flatten(text: str) -> dict[str, float]:
             name, *rest = line.split()
         if not rest or name.endswith("_created"):
             continue
-        if name.endswith("_bucket"):
+        if name.startswith("DCGM_"):
+            start = line.find('gpu="', brace) + 5
+            name = dcgm_key(name, line[start : line.index('"', start)] if start > 4 else "0")
+        elif name.endswith("_bucket"):
             if name not in KEPT_BUCKETS:
                 continue
             start = line.find('le="', brace) + 4
@@ -59,10 +65,16 @@ class MetricSample:
 
 @dataclass
 class Sampler:
-    """Polls every source every `interval_s`; `first`/`last` hold the snapshots bounding the run."""
+    """Polls every source every `interval_s`; `first`/`last` hold the snapshots bounding the run.
+
+    Besides the /metrics pages: a Prometheus to ask for dcgm-exporter's GPU gauges (source
+    "prometheus") and a local probe (NVML, processes; see tandem.bench.resources).
+    """
 
     sources: dict[str, str]  # name -> /metrics URL
     interval_s: float = 0.5
+    prometheus: str | None = None
+    probe: LocalProbe | None = None
     samples: list[MetricSample] = field(default_factory=list)
     first: dict[str, dict[str, float]] = field(default_factory=dict)
     last: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -83,10 +95,25 @@ class Sampler:
             self.unreachable.add(name)
             return None
 
+    async def _prometheus(self, session: aiohttp.ClientSession) -> dict[str, float] | None:
+        assert self.prometheus is not None
+        try:
+            return await query_prometheus(session, self.prometheus) or None
+        except (TimeoutError, aiohttp.ClientError, ValueError):
+            self.unreachable.add("prometheus")
+            return None
+
     async def scrape_all(self, session: aiohttp.ClientSession) -> dict[str, dict[str, float]]:
         names = list(self.sources)
         scraped = await asyncio.gather(*(self._scrape(session, n, self.sources[n]) for n in names))
-        return {n: v for n, v in zip(names, scraped, strict=True) if v is not None}
+        out = {n: v for n, v in zip(names, scraped, strict=True) if v is not None}
+        if self.prometheus:
+            gpus = await self._prometheus(session)
+            if gpus:
+                out["prometheus"] = gpus
+        if self.probe is not None:
+            out.update(self.probe.read())
+        return out
 
     async def _loop(self, session: aiohttp.ClientSession) -> None:
         while True:
@@ -98,9 +125,16 @@ class Sampler:
 
     async def start(self, session: aiohttp.ClientSession, t0: float) -> None:
         self._t0 = t0
-        if not self.sources:
+        if not self.active:
             return
+        if self.probe is not None:
+            # CPU shares are measured between two reads: an idle interval before the baseline
+            self.probe.read()
+            await asyncio.sleep(self.interval_s)
+            self._t0 = time.perf_counter()
         self.first = await self.scrape_all(session)
+        for name, values in self.first.items():  # the baseline: before the load starts
+            self.samples.append(MetricSample(0.0, name, values))
         self.unreachable -= set(self.first)
         self._task = asyncio.create_task(self._loop(session))
 
@@ -108,8 +142,17 @@ class Sampler:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        if self.sources:
+        if self.active:
             self.last.update(await self.scrape_all(session))
+
+    @property
+    def t0(self) -> float:
+        """The run's time origin (moved past the idle interval before the baseline)."""
+        return self._t0
+
+    @property
+    def active(self) -> bool:
+        return bool(self.sources or self.prometheus or (self.probe and self.probe.active))
 
     def delta(self, name: str) -> float:
         """Increase of counter `name` over the run, summed across sources."""
