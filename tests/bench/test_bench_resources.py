@@ -65,13 +65,13 @@ def test_summaries_and_the_first_saturation_from_known_series() -> None:
                 "DCGM_FI_DEV_FB_FREE{gpu=0}": 1000.0 - used,
                 "vllm:kv_cache_usage_perc": kv,
             },
-        )  # fmt: skip
+        )
         for t, util, used, kv in [
             (0.0, 0, 200, 0.0),
             (1.0, 60, 600, 0.5),
             (2.0, 95, 700, 0.97),
             (3.0, 99, 960, 0.99),
-        ]  # fmt: skip
+        ]
     ]
     resources = {r.name: r for r in summarize_resources(samples)}
     util = resources["GPU utilisation"]
