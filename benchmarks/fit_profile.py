@@ -146,7 +146,7 @@ def fit_speculative(raw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]
         "non_torch_bytes": int(
             (utilisation["nvml_fb_used_mib"] - utilisation["torch_reserved_mib"]) * 2**20
         ),
-        "reference_gpu_memory_utilization": 0.92,
+        "reference_gpu_memory_utilization": 0.9,  # where num_gpu_blocks was sized (vLLM's default)
         "reference_max_num_batched_tokens": 8192,
     }
     return speculative, memory

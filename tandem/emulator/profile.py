@@ -135,7 +135,7 @@ class GPUMemory(BaseModel):
     weights_bytes: int = Field(16_094_069_248, ge=0)
     activation_bytes_per_token: int = Field(161_605, ge=0)
     non_torch_bytes: int = Field(825_229_312, ge=0)  # CUDA context and NCCL, outside PyTorch
-    reference_gpu_memory_utilization: float = Field(0.92, gt=0, le=1)
+    reference_gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     reference_max_num_batched_tokens: int = Field(8192, ge=1)
 
 

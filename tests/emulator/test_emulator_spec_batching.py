@@ -129,13 +129,13 @@ def test_verify_cost_follows_the_h200_fit() -> None:
 
 def test_capacity_moves_with_gpu_memory_utilization_and_batched_tokens() -> None:
     profile = load_profile("h200-llama-3.1-8b")
-    reference = profile.num_gpu_blocks(16, 0.92, 8192)
+    reference = profile.num_gpu_blocks(16, 0.9, 8192)
     assert reference == profile.capacity.num_gpu_blocks
     block_bytes = profile.model.kv_bytes_per_token * 16
     memory = profile.gpu_memory()
-    lower = profile.num_gpu_blocks(16, 0.82, 8192)
+    lower = profile.num_gpu_blocks(16, 0.8, 8192)
     assert reference - lower == pytest.approx(0.1 * memory.total_bytes / block_bytes, abs=1)
-    more_tokens = profile.num_gpu_blocks(16, 0.92, 32768)
+    more_tokens = profile.num_gpu_blocks(16, 0.9, 32768)
     assert reference - more_tokens == pytest.approx(
         24576 * memory.activation_bytes_per_token / block_bytes, abs=1
     )
