@@ -1,7 +1,8 @@
 """Reproduce the study's serving findings on local emulated clusters and plot them (docs/findings.md).
 
-    .venv/bin/python benchmarks/findings.py                    # all three, H200 profile, ~6 min
-    .venv/bin/python benchmarks/findings.py --only prefix      # one of: queue, prefix, pd
+    .venv/bin/python benchmarks/findings.py                    # all six, H200 profile, ~15 min
+    .venv/bin/python benchmarks/findings.py --only prefix      # queue, prefix, pd, spec, batching,
+                                                               # kv-reservation
 
 Each experiment starts ServingClusters from the example manifests with `tandem up`'s runtime
 (emulated engines with the H200-measured timing profile, the real router) and measures them with
@@ -11,6 +12,12 @@ Each experiment starts ServingClusters from the example manifests with `tandem u
 2. prefix  — TTFT with prefix caching on vs off, as the shared part of each prompt grows.
 3. pd      — prefill/decode disaggregation vs colocated engines, same GPU count, on a mix of long
              documents and short chats: inter-token latency and TTFT.
+4. spec    — speculative decoding (EAGLE head, k = 4) vs plain decoding: decode speed-up by draft
+             acceptance rate and batch size, beside the speed-up the H200 profile predicts.
+5. batching — static batching (no joining mid-flight) vs continuous batching, on short dynamic
+             load and on uniform long load: throughput and TTFT.
+6. kv-reservation — gpuMemoryUtilization x maxNumSeqs against short chats and long documents:
+             peak concurrency, preemptions, TTFT p99.
 
 Records (the full `tandem bench` JSON of every run) go under --records; PNGs under --plots.
 Tables and plots give emulated-H200 milliseconds: measured times multiplied by --speedup.
@@ -44,6 +51,7 @@ from rich.table import Table
 from tandem.bench.records import BenchRecord
 from tandem.bench.runner import RunOptions, Target, run_target
 from tandem.bench.spec import SLO, FixedQPS, LengthDist, Mixed, SharedPrefix
+from tandem.emulator.profile import load_profile
 from tandem.local.cluster import DEFAULT_PROFILE, LocalCluster, free_port, load_cluster
 from tandem.local.plan import LocalOptions
 
@@ -101,7 +109,9 @@ class Study:
         run_dir = self.records_dir / "clusters" / label
         records = []
         self.load[label] = os.getloadavg()[0]
-        async with LocalCluster(sc, options, run_dir) as plan:
+        cluster = LocalCluster(sc, options, run_dir)
+        async with cluster as plan:
+            processes = {c.spec.name: c.pid for c in cluster.supervisor.children}
             config = {"manifest": str(manifest.relative_to(ROOT)), "sets": list(sets), "engine_args": list(engine_args),
                       "timing_profile": self.args.profile, "speedup": self.args.speedup}  # fmt: skip
             for number, workload in enumerate(workloads):
@@ -110,6 +120,7 @@ class Study:
                     url=plan.endpoint,
                     metrics=plan.metrics_urls(),
                     config=config,
+                    processes=processes,
                 )
                 record = await run_target(target, workload, self.options, console)
                 record.save(self.records_dir / f"{record.label}.json")
@@ -355,6 +366,229 @@ class Study:
         )
         self.table("P/D vs colocated", ["metric (ms)", "colocated", "P/D", "P/D / colocated"], rows)
 
+    # --- 4. speculative decoding ----------------------------------------------------------------
+
+    async def spec(self) -> None:
+        """One engine; closed loops of B concurrent requests (1k-token prompts, 256 output tokens)
+        with plain decoding, then with an EAGLE head proposing k = 4 tokens at acceptance rates
+        standing for hard reasoning (0.3), chat (0.6) and locally regular text such as code and
+        summaries (0.8). Decode speed = time per output token; speed-up = plain / speculative."""
+        batches = [1, 8, 32, 96]
+        rates = [0.3, 0.6, 0.8]
+        k = 4
+
+        def workload(batch: int) -> FixedQPS:
+            return FixedQPS(
+                qps=1000 * self.args.speedup, num_requests=max(6, 2 * batch), seed=21, warmup_requests=2,
+                max_concurrency=batch, input=LengthDist(kind="fixed", mean=1024),
+                output=LengthDist(kind="fixed", mean=256),
+            )  # fmt: skip
+
+        workloads = [workload(b) for b in batches]
+        sets = ["spec.decode.replicas=1", "spec.decode.maxNumSeqs=128"]
+        plain = await self.measure(COLOCATED_EXAMPLE, sets, "spec-off", workloads)
+        speculative = [
+            "spec.decode.speculative.method=eagle",
+            "spec.decode.speculative.model=yuhuili/EAGLE-LLaMA3.1-Instruct-8B",
+            f"spec.decode.speculative.numSpeculativeTokens={k}",
+        ]
+        runs = {
+            rate: await self.measure(COLOCATED_EXAMPLE, sets + speculative, f"spec-{rate:g}",
+                                     workloads, ["--spec-acceptance-rate", str(rate)])
+            for rate in rates
+        }  # fmt: skip
+        profile = load_profile(self.args.profile)
+
+        def predicted(rate: float, batch: int) -> float:
+            """Tokens per verify step over the step's cost relative to a plain decode step."""
+            context = batch * (1024 + 128)
+            decode = profile.step_seconds([], batch, context)
+            spec = decode + profile.speculative.seconds("eagle", k, batch, context)
+            tokens = sum(rate**i for i in range(k + 1))
+            return tokens * decode / spec
+
+        def tpot(record: BenchRecord) -> float:
+            return self.h200(record.summary.tpot_ms.p50)
+
+        fig, ax = plt.subplots(figsize=(8, 4.8))
+        grid = np.linspace(1, 128, 128)
+        for rate, color in zip(rates, ("tab:red", "tab:orange", "tab:green"), strict=True):
+            ax.plot(grid, [predicted(rate, int(b)) for b in grid], "--", color=color, linewidth=1,
+                    label=f"profile prediction, acceptance {rate:g}")  # fmt: skip
+            measured = [tpot(p) / tpot(s) for p, s in zip(plain, runs[rate], strict=True)]
+            ax.plot(batches, measured, "o-", color=color, label=f"measured, acceptance {rate:g}")
+        ax.axhline(1.0, color="grey", linewidth=1)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrent sequences (batch size)")
+        ax.set_ylabel("decode speed-up (plain TPOT / speculative TPOT)")
+        ax.legend(fontsize=7)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.set_title(
+            f"Speculative decoding (EAGLE head, k = {k}): gains need high acceptance and small batches\n"
+            "(one emulated H200 engine, Llama-3.1-8B profile with H200-measured verify steps)"
+        )
+        self.save(fig, "findings-speculative.png")
+        rows = []
+        for number, batch in enumerate(batches):
+            base = tpot(plain[number])
+            row = [str(batch), f"{base:.2f}"]
+            for rate in rates:
+                ms = tpot(runs[rate][number])
+                row.append(f"{ms:.2f} ({base / ms:.2f}x, pred {predicted(rate, batch):.2f}x)")
+            rows.append(tuple(row))
+        self.table(
+            "speculative decoding: TPOT p50 (ms) and speed-up",
+            ["batch", "plain", *[f"acceptance {r:g}" for r in rates]],
+            rows,
+        )
+
+    # --- 5. static vs continuous batching -------------------------------------------------------
+
+    async def batching(self) -> None:
+        """One engine with 32 sequence slots, run once with continuous batching and once with
+        static batching (--batching static). Short dynamic load: Poisson arrivals of short chats
+        with widely spread output lengths. Uniform long load: 2k-token prompts, 512 output tokens
+        each, a closed loop of 32."""
+        short = FixedQPS(
+            qps=12 * self.args.speedup, num_requests=120, seed=31, warmup_requests=4,
+            input=LengthDist(kind="lognormal", mean=200, sigma=0.5, low=32, high=1000),
+            output=LengthDist(kind="lognormal", mean=96, sigma=0.9, low=8, high=1024),
+        )  # fmt: skip
+        uniform = FixedQPS(
+            qps=1000 * self.args.speedup, num_requests=64, seed=32, warmup_requests=4,
+            max_concurrency=32, input=LengthDist(kind="fixed", mean=2048),
+            output=LengthDist(kind="fixed", mean=512),
+        )  # fmt: skip
+        sets = ["spec.decode.replicas=1", "spec.decode.maxNumSeqs=32"]
+        continuous = await self.measure(COLOCATED_EXAMPLE, sets, "continuous", [short, uniform])
+        static = await self.measure(
+            COLOCATED_EXAMPLE, sets, "static", [short, uniform], ["--batching", "static"]
+        )
+        loads = ["short, dynamic", "uniform, long"]
+        metrics: list[tuple[str, Callable[[BenchRecord], float]]] = [
+            ("output tokens/s", lambda r: r.summary.output_tok_s / self.args.speedup),
+            ("TTFT p50 (ms)", lambda r: self.h200(r.summary.ttft_ms.p50)),
+            ("TTFT p99 (ms)", lambda r: self.h200(r.summary.ttft_ms.p99)),
+            ("E2E p50 (ms)", lambda r: self.h200(r.summary.e2e_ms.p50)),
+        ]
+        fig, axes = plt.subplots(1, 3, figsize=(13, 4.5))
+        x = np.arange(len(loads))
+        for ax, (name, read) in zip(axes, metrics[:3], strict=True):
+            for offset, runs, label in ((-0.2, continuous, "continuous"), (0.2, static, "static")):
+                values = [read(r) for r in runs]
+                bars = ax.bar(x + offset, values, 0.4, label=label)
+                ax.bar_label(bars, labels=[f"{v:,.0f}" for v in values], fontsize=7)
+            ax.set_xticks(x, loads)
+            ax.set_title(name, fontsize=10)
+            if "TTFT" in name:
+                ax.set_yscale("log")
+                plain_log_axis(ax.yaxis)
+        axes[0].legend(fontsize=8)
+        fig.suptitle(
+            "Static vs continuous batching: the gap is large on short dynamic load, small on uniform long load\n"
+            "(one emulated H200 engine, 32 sequence slots, Llama-3.1-8B profile)"
+        )
+        self.save(fig, "findings-batching.png")
+        rows = []
+        for name, read in metrics:
+            for number, load in enumerate(loads):
+                c, st = read(continuous[number]), read(static[number])
+                rows.append((name, load, f"{c:,.1f}", f"{st:,.1f}", f"{c / st if st else 0:.2f}x"))
+        self.table(
+            "static vs continuous batching",
+            ["metric", "load", "continuous", "static", "continuous / static"],
+            rows,
+        )
+
+    # --- 6. KV reservation ----------------------------------------------------------------------
+
+    async def kv_reservation(self) -> None:
+        """One engine per (gpuMemoryUtilization, maxNumSeqs); the KV pool follows the utilisation
+        as vLLM's memory profiling sizes it (the profile's memory model). Short chats: ~400-token
+        prompts, ~150 output tokens at 30 req/s. Long documents: ~6k-token prompts, 200 output
+        tokens at 5 req/s."""
+        utilisations = [0.35, 0.6, 0.9]
+        max_seqs = [16, 128]
+        chat = FixedQPS(
+            qps=30 * self.args.speedup, num_requests=150, seed=41, warmup_requests=4,
+            input=LengthDist(kind="lognormal", mean=400, sigma=0.5, low=32, high=2000),
+            output=LengthDist(kind="lognormal", mean=150, sigma=0.5, low=16, high=600),
+        )  # fmt: skip
+        documents = FixedQPS(
+            qps=5 * self.args.speedup, num_requests=40, seed=42, warmup_requests=2,
+            input=LengthDist(kind="lognormal", mean=6000, sigma=0.3, low=3000, high=12000),
+            output=LengthDist(kind="fixed", mean=200),
+        )  # fmt: skip
+        profile = load_profile(self.args.profile)
+        results: dict[tuple[float, int], list[BenchRecord]] = {}
+        for util in utilisations:
+            for seqs in max_seqs:
+                sets = ["spec.decode.replicas=1", f"spec.decode.maxNumSeqs={seqs}",
+                        f"spec.decode.gpuMemoryUtilization={util}"]  # fmt: skip
+                results[(util, seqs)] = await self.measure(
+                    COLOCATED_EXAMPLE, sets, f"kv-{util:g}-{seqs}", [chat, documents]
+                )
+
+        def peak_running(record: BenchRecord) -> float:
+            return max(
+                (s.values.get("vllm:num_requests_running", 0.0) for s in record.samples),
+                default=0.0,
+            )
+
+        loads = ["short chat", "long documents"]
+        fig, axes = plt.subplots(1, 3, figsize=(14, 4.5))
+        labels = [f"{u:g} / {n}" for u, n in results]
+        x = np.arange(len(labels))
+        panels: list[tuple[str, Callable[[BenchRecord], float]]] = [
+            ("peak running sequences", peak_running),
+            ("preemptions", lambda r: r.engine.preemptions or 0.0),
+            ("TTFT p99 (ms)", lambda r: self.h200(r.summary.ttft_ms.p99)),
+        ]
+        for ax, (name, read) in zip(axes, panels, strict=True):
+            for offset, number in ((-0.2, 0), (0.2, 1)):
+                values = [read(runs[number]) for runs in results.values()]
+                bars = ax.bar(x + offset, values, 0.4, label=loads[number])
+                ax.bar_label(bars, labels=[f"{v:,.0f}" for v in values], fontsize=6)
+            ax.set_xticks(x, labels, rotation=30, fontsize=8)
+            ax.set_xlabel("gpuMemoryUtilization / maxNumSeqs")
+            ax.set_title(name, fontsize=10)
+            if "TTFT" in name:
+                ax.set_yscale("log")
+                plain_log_axis(ax.yaxis)
+        axes[0].legend(fontsize=8)
+        fig.suptitle(
+            "KV reservation: the setting that binds depends on the request lengths\n"
+            "(one emulated H200 engine, Llama-3.1-8B profile; KV pool sized from gpuMemoryUtilization)"
+        )
+        self.save(fig, "findings-kv-reservation.png")
+        rows = []
+        for (util, seqs), runs in results.items():
+            blocks = profile.num_gpu_blocks(16, util, 8192)
+            for number, load in enumerate(loads):
+                r = runs[number]
+                rows.append((
+                    f"{util:g}", str(seqs), f"{blocks * 16 / 1000:,.0f}k", load, f"{peak_running(r):.0f}",
+                    f"{r.engine.preemptions or 0:.0f}", f"{100 * (r.engine.max_kv_usage or 0):.0f}%",
+                    f"{self.h200(r.summary.ttft_ms.p50):,.0f}", f"{self.h200(r.summary.ttft_ms.p99):,.0f}",
+                    f"{r.summary.output_tok_s / self.args.speedup:,.0f}",
+                ))  # fmt: skip
+        self.table(
+            "KV reservation sweep",
+            [
+                "gpuMemUtil",
+                "maxNumSeqs",
+                "KV tokens",
+                "load",
+                "peak running",
+                "preemptions",
+                "peak KV",
+                "TTFT p50",
+                "TTFT p99",
+                "out tok/s",
+            ],
+            rows,
+        )
+
     def h200(self, measured_ms: float | None) -> float:
         """Milliseconds of the emulated H200: what was measured times the emulator's speed-up."""
         return float((measured_ms or 0.0) * self.args.speedup)
@@ -398,7 +632,7 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument(
         "--only",
-        choices=["queue", "prefix", "pd"],
+        choices=["queue", "prefix", "pd", "spec", "batching", "kv-reservation"],
         action="append",
         help="run only these experiments",
     )
@@ -422,9 +656,9 @@ def main(argv: list[str]) -> int:
     started = time.monotonic()
 
     async def run() -> None:
-        for name in args.only or ["queue", "prefix", "pd"]:
+        for name in args.only or ["queue", "prefix", "pd", "spec", "batching", "kv-reservation"]:
             console.rule(name)
-            await getattr(study, name)()
+            await getattr(study, name.replace("-", "_"))()
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         runner.run(run())
