@@ -125,6 +125,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="static: requests are admitted only when the running batch has drained (no joining "
         "mid-flight), for comparison with vLLM's continuous batching",
     )
+    e.add_argument(
+        "--static-batch-wait",
+        type=float,
+        default=0.1,
+        help="with --batching static: seconds an idle engine waits for a fuller batch after the "
+        "first request arrives (the dynamic batchers' max queue delay; default 0.1)",
+    )
     e.add_argument("--startup-delay", type=float, default=0.0, help="seconds before the port opens")
     e.add_argument(
         "--error-rate", type=float, default=0.0, help="fraction of requests answered 500"
@@ -234,6 +241,7 @@ def parse_args(argv: list[str]) -> tuple[EngineConfig, list[str], str]:
         use_nixl=not ns.no_nixl,
         spec_acceptance_rate=ns.spec_acceptance_rate,
         batching=ns.batching,
+        static_batch_wait_s=ns.static_batch_wait,
         faults=Faults(
             startup_delay_s=ns.startup_delay,
             error_rate=ns.error_rate,

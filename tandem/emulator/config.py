@@ -94,6 +94,7 @@ class EngineConfig(BaseModel):
     # acceptance rate of a drafted token for requests that do not give one (vllm_xargs)
     spec_acceptance_rate: float = Field(0.7, ge=0, le=1)
     batching: Literal["continuous", "static"] = "continuous"
+    static_batch_wait_s: float = Field(0.1, ge=0)
     faults: Faults = Field(default_factory=Faults)
 
     @property

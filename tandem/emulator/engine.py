@@ -272,6 +272,10 @@ class Engine:
                 next_start = 0.0
                 continue
             now = loop.time()
+            window = self._batch_window(now)
+            if window > 0:
+                await asyncio.sleep(window)
+                continue
             # back-to-back steps start at the previous deadline, so the CPU spent between steps
             # is part of the simulated step time instead of being added on top of it
             start = next_start if now - next_start < 0.05 else now
@@ -314,6 +318,17 @@ class Engine:
             if batch.size > stats.max_batch:
                 stats.max_batch = batch.size
             next_start = deadline
+
+    def _batch_window(self, now: float) -> float:
+        """Static batching: seconds to wait for a fuller batch before forming one (an idle
+        engine, fewer than max_num_seqs waiting, the oldest waiting less than the window)."""
+        scheduler = self.scheduler
+        if not scheduler.static_batching or scheduler.running or not scheduler.waiting:
+            return 0.0
+        if len(scheduler.waiting) >= scheduler.max_num_seqs:
+            return 0.0
+        oldest = scheduler.waiting[0].arrival_time
+        return oldest + self.config.static_batch_wait_s / self.speedup - now
 
     async def _idle(self) -> None:
         """Nothing to compute: flush events and gauges, then sleep until a request arrives."""

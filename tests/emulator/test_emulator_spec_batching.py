@@ -3,8 +3,13 @@ GPU gauges: scheduler and profile units."""
 
 from __future__ import annotations
 
-import pytest
+import json
 
+import httpx
+import pytest
+from emu_harness import TINY_ARGS, emulator, metric_value
+
+from tandem.emulator.args import parse_args
 from tandem.emulator.hashing import hash_function, none_hash
 from tandem.emulator.kv_cache import KVCacheManager
 from tandem.emulator.metrics import EmulatedGPU
@@ -157,3 +162,62 @@ def test_emulated_gpu_reports_busy_fraction_and_memory() -> None:
     families = {f.name: f.samples[0].value for f in gpu.collect_at(0.99)}
     assert families == {"DCGM_FI_DEV_GPU_UTIL": 50.0, "DCGM_FI_DEV_FB_USED": 17 * 1024.0,
                         "DCGM_FI_DEV_FB_FREE": 83 * 1024.0}  # fmt: skip
+
+
+def test_speculative_config_and_batching_flags_parse() -> None:
+    rendered = json.dumps({"method": "eagle", "num_speculative_tokens": 4, "model": "x/eagle"})
+    config, ignored, _ = parse_args(
+        [
+            "serve",
+            "m",
+            "--speculative-config",
+            rendered,
+            "--spec-acceptance-rate",
+            "0.4",
+            "--batching",
+            "static",
+            "--static-batch-wait",
+            "0.05",
+        ]
+    )
+    assert ignored == []
+    assert config.speculative_config is not None
+    assert (
+        config.speculative_config.proposer,
+        config.speculative_config.num_speculative_tokens,
+    ) == ("eagle", 4)
+    assert (config.spec_acceptance_rate, config.batching, config.static_batch_wait_s) == (
+        0.4,
+        "static",
+        0.05,
+    )
+    inferred = parse_args(
+        ["m", "--speculative-config", '{"model": "yuhuili/EAGLE-LLaMA3.1-Instruct-8B"}']
+    )
+    assert inferred[0].speculative_config is not None
+    assert inferred[0].speculative_config.proposer == "eagle"
+    assert (
+        parse_args(["m", "--speculative-config", '{"num_speculative_tokens": 3}'])[
+            0
+        ].speculative_config.proposer
+        == "ngram"
+    )  # type: ignore[union-attr]
+
+
+def test_a_request_sets_its_acceptance_rate_through_vllm_xargs() -> None:
+    spec = json.dumps({"method": "ngram", "num_speculative_tokens": 3})
+    with emulator([*TINY_ARGS, "--speculative-config", spec]) as engine:
+        for rate in (1.0, 0.0):
+            body = {"model": "tiny", "prompt": "hello there", "max_tokens": 40, "ignore_eos": True,
+                    "vllm_xargs": {"spec_acceptance_rate": rate}}  # fmt: skip
+            answer = httpx.post(f"{engine.url}/v1/completions", json=body, timeout=30).json()
+            assert answer["usage"]["completion_tokens"] == 40
+        text = httpx.get(f"{engine.url}/metrics", timeout=10).text
+    drafts = metric_value(text, "vllm:spec_decode_num_drafts_total")
+    accepted = metric_value(text, "vllm:spec_decode_num_accepted_tokens_total")
+    # rate 1: 39 tokens after the first in 10 verify steps (3 accepted + 1 each, the last cut);
+    # rate 0: 39 steps of one token, none accepted
+    assert drafts == 10 + 39
+    assert accepted >= 27
+    assert metric_value(text, "vllm:spec_decode_num_draft_tokens_total") == 3 * drafts
+    assert metric_value(text, "DCGM_FI_DEV_FB_USED") > 15_000
