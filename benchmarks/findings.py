@@ -43,6 +43,7 @@ import matplotlib.pyplot as plt
 import matplotlib.ticker as ticker
 import numpy as np
 import uvloop
+from matplotlib.axes import Axes
 from matplotlib.axis import Axis
 from matplotlib.figure import Figure
 from rich.console import Console
@@ -60,6 +61,9 @@ PD_EXAMPLE = ROOT / "examples" / "llama-8b-pd.yaml"
 COLOCATED_EXAMPLE = ROOT / "examples" / "llama-8b-colocated.yaml"
 console = Console()
 STALL_MS = 100  # an inter-token pause a reader notices
+# A static batcher's wait for a fuller batch: long enough that a closed loop's 32 requests, which
+# reach the engine over a few hundred ms through the router on a loaded 2-core machine, make one.
+STATIC_BATCH_WAIT_S = 0.5
 
 
 def plain_log_axis(axis: Axis) -> None:
@@ -67,6 +71,23 @@ def plain_log_axis(axis: Axis) -> None:
     plain = ticker.FuncFormatter(lambda v, _: f"{v:g}")
     axis.set_major_formatter(plain)
     axis.set_minor_formatter(plain)
+
+
+def paired_bars(
+    ax: Axes, ticks: Sequence[str], series: Sequence[tuple[str, Sequence[float]]], title: str,
+    fontsize: int = 7,
+) -> None:  # fmt: skip
+    """Two bar series side by side at each tick, labelled with their values; TTFT panels on a
+    log scale."""
+    x = np.arange(len(ticks))
+    for offset, (label, values) in zip((-0.2, 0.2), series, strict=True):
+        bars = ax.bar(x + offset, values, 0.4, label=label)
+        ax.bar_label(bars, labels=[f"{v:,.0f}" for v in values], fontsize=fontsize)
+    ax.set_xticks(x, ticks)
+    ax.set_title(title, fontsize=10)
+    if "TTFT" in title:
+        ax.set_yscale("log")
+        plain_log_axis(ax.yaxis)
 
 
 def all_gaps(record: BenchRecord) -> np.ndarray:
@@ -446,9 +467,9 @@ class Study:
 
     async def batching(self) -> None:
         """One engine with 32 sequence slots, run once with continuous batching and once with
-        static batching (--batching static). Short dynamic load: Poisson arrivals of short chats
-        with widely spread output lengths. Uniform long load: 2k-token prompts, 512 output tokens
-        each, a closed loop of 32."""
+        static batching (--batching static, batches formed after a 0.5 s wait). Short dynamic
+        load: Poisson arrivals of short chats with widely spread output lengths. Uniform long
+        load: 2k-token prompts, 512 output tokens each, a closed loop of 32."""
         short = FixedQPS(
             qps=12 * self.args.speedup, num_requests=120, seed=31, warmup_requests=4,
             input=LengthDist(kind="lognormal", mean=200, sigma=0.5, low=32, high=1000),
@@ -461,8 +482,9 @@ class Study:
         )  # fmt: skip
         sets = ["spec.decode.replicas=1", "spec.decode.maxNumSeqs=32"]
         continuous = await self.measure(COLOCATED_EXAMPLE, sets, "continuous", [short, uniform])
+        static_args = ["--batching", "static", "--static-batch-wait", str(STATIC_BATCH_WAIT_S)]
         static = await self.measure(
-            COLOCATED_EXAMPLE, sets, "static", [short, uniform], ["--batching", "static"]
+            COLOCATED_EXAMPLE, sets, "static", [short, uniform], static_args
         )
         loads = ["short, dynamic", "uniform, long"]
         metrics: list[tuple[str, Callable[[BenchRecord], float]]] = [
@@ -472,17 +494,10 @@ class Study:
             ("E2E p50 (ms)", lambda r: self.h200(r.summary.e2e_ms.p50)),
         ]
         fig, axes = plt.subplots(1, 3, figsize=(13, 4.5))
-        x = np.arange(len(loads))
         for ax, (name, read) in zip(axes, metrics[:3], strict=True):
-            for offset, runs, label in ((-0.2, continuous, "continuous"), (0.2, static, "static")):
-                values = [read(r) for r in runs]
-                bars = ax.bar(x + offset, values, 0.4, label=label)
-                ax.bar_label(bars, labels=[f"{v:,.0f}" for v in values], fontsize=7)
-            ax.set_xticks(x, loads)
-            ax.set_title(name, fontsize=10)
-            if "TTFT" in name:
-                ax.set_yscale("log")
-                plain_log_axis(ax.yaxis)
+            series = [(label, [read(r) for r in runs]) for label, runs in
+                      (("continuous", continuous), ("static", static))]  # fmt: skip
+            paired_bars(ax, loads, series, name)
         axes[0].legend(fontsize=8)
         fig.suptitle(
             "Static vs continuous batching: the gap is large on short dynamic load, small on uniform long load\n"
@@ -538,23 +553,18 @@ class Study:
         loads = ["short chat", "long documents"]
         fig, axes = plt.subplots(1, 3, figsize=(14, 4.5))
         labels = [f"{u:g} / {n}" for u, n in results]
-        x = np.arange(len(labels))
         panels: list[tuple[str, Callable[[BenchRecord], float]]] = [
             ("peak running sequences", peak_running),
             ("preemptions", lambda r: r.engine.preemptions or 0.0),
             ("TTFT p99 (ms)", lambda r: self.h200(r.summary.ttft_ms.p99)),
         ]
         for ax, (name, read) in zip(axes, panels, strict=True):
-            for offset, number in ((-0.2, 0), (0.2, 1)):
-                values = [read(runs[number]) for runs in results.values()]
-                bars = ax.bar(x + offset, values, 0.4, label=loads[number])
-                ax.bar_label(bars, labels=[f"{v:,.0f}" for v in values], fontsize=6)
-            ax.set_xticks(x, labels, rotation=30, fontsize=8)
+            series = [
+                (load, [read(runs[n]) for runs in results.values()]) for n, load in enumerate(loads)
+            ]
+            paired_bars(ax, labels, series, name, fontsize=6)
+            ax.tick_params(axis="x", labelrotation=30, labelsize=8)
             ax.set_xlabel("gpuMemoryUtilization / maxNumSeqs")
-            ax.set_title(name, fontsize=10)
-            if "TTFT" in name:
-                ax.set_yscale("log")
-                plain_log_axis(ax.yaxis)
         axes[0].legend(fontsize=8)
         fig.suptitle(
             "KV reservation: the setting that binds depends on the request lengths\n"

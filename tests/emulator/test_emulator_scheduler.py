@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from tandem.emulator.hashing import hash_function, none_hash
@@ -15,8 +17,13 @@ BS = 16
 
 
 def make(
-    num_blocks: int = 64, max_seqs: int = 8, budget: int = 64, events: bool = True
+    num_blocks: int = 64,
+    max_seqs: int = 8,
+    budget: int = 64,
+    events: bool = True,
+    **options: Any,
 ) -> Scheduler:
+    """A scheduler over a fresh pool; `options` go to Scheduler (speculation, static batching)."""
     kv = KVCacheManager(
         num_blocks,
         BS,
@@ -32,6 +39,7 @@ def make(
         max_num_batched_tokens=budget,
         max_model_len=4096,
         output_ids=list(range(1000, 1100)),
+        **options,
     )
 
 

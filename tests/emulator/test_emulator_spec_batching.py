@@ -8,39 +8,22 @@ import json
 import httpx
 import pytest
 from emu_harness import TINY_ARGS, emulator, metric_value
+from test_emulator_scheduler import make as make_scheduler
 
 from tandem.emulator.args import parse_args
-from tandem.emulator.hashing import hash_function, none_hash
-from tandem.emulator.kv_cache import KVCacheManager
 from tandem.emulator.metrics import EmulatedGPU
 from tandem.emulator.profile import GPUMemory, load_profile
 from tandem.emulator.request import Request
 from tandem.emulator.scheduler import Scheduler
 
 pytestmark = pytest.mark.timeout(30)
-BS = 16
 
 
-def make(k: int = 0, static: bool = False, max_seqs: int = 8, num_blocks: int = 256) -> Scheduler:
-    kv = KVCacheManager(
-        num_blocks,
-        BS,
-        4096,
-        True,
-        hash_function("sha256_cbor"),
-        none_hash("sha256_cbor", {}),
-        False,
-    )
-    return Scheduler(
-        kv,
-        max_num_seqs=max_seqs,
-        max_num_batched_tokens=512,
-        max_model_len=4096,
-        output_ids=list(range(1000, 1100)),
-        num_speculative_tokens=k,
-        static_batching=static,
-        seed=3,
-    )
+def make(k: int = 0, static: bool = False, max_seqs: int = 8) -> Scheduler:
+    return make_scheduler(
+        num_blocks=256, max_seqs=max_seqs, budget=512, events=False,
+        num_speculative_tokens=k, static_batching=static, seed=3,
+    )  # fmt: skip
 
 
 def request(rid: str, max_tokens: int, rate: float = 0.0, prompt: int = 40) -> Request:
