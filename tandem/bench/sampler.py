@@ -15,6 +15,7 @@ from tandem.bench.resources import LocalProbe, dcgm_key, query_prometheus
 KEPT_PREFIXES = ("vllm:", "tandem_", "DCGM_")
 # Histograms whose buckets are kept (as `name{le=BOUND}` keys), for engine-side percentiles.
 KEPT_BUCKETS = ("vllm:inter_token_latency_seconds_bucket",)
+BASELINE_IDLE_S = 1.0
 
 
 def flatten(text: str) -> dict[str, float]:
@@ -128,9 +129,10 @@ class Sampler:
         if not self.active:
             return
         if self.probe is not None:
-            # CPU shares are measured between two reads: an idle interval before the baseline
+            # CPU shares are measured between two reads, and GPU utilisation averages about a
+            # second: an idle interval before the baseline
             self.probe.read()
-            await asyncio.sleep(self.interval_s)
+            await asyncio.sleep(max(self.interval_s, BASELINE_IDLE_S))
             self._t0 = time.perf_counter()
         self.first = await self.scrape_all(session)
         for name, values in self.first.items():  # the baseline: before the load starts
