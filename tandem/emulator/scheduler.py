@@ -169,8 +169,7 @@ class Scheduler:
             if not scheduled:
                 break
             self._add_to_batch(batch, request, num_new)
-            batch.total_tokens += slots - num_new  # a decode's drafted tokens
-            budget -= slots
+            budget -= slots  # a decode's drafted tokens count against the budget too
         batch.decode_seqs += decode_seqs
         batch.decode_context_tokens += decode_context
         batch.total_tokens = self.max_num_batched_tokens - budget

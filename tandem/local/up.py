@@ -218,7 +218,12 @@ class _Up:
                     "spec": sc.spec.model_dump(mode="json", by_alias=True, exclude_none=True),
                 }
                 target = Target(
-                    label=label, url=plan.endpoint, metrics=plan.metrics_urls(), config=config
+                    label=label,
+                    url=plan.endpoint,
+                    metrics=plan.metrics_urls(),
+                    config=config,
+                    # CPU and memory of the engines and the router beside their metrics
+                    processes={c.spec.name: c.pid for c in local.supervisor.children},
                 )
                 records.append(await run_target(target, workload, options, self.console))
             self.console.print(f"stopped {label}")
