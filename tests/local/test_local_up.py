@@ -138,8 +138,11 @@ def test_up_with_bench_reports_writes_plots_and_stops(tmp_path: Path) -> None:
     assert "requests ok / failed" in done.stdout
     assert "stopped llama-8b" in done.stdout
     assert {p.name for p in (tmp_path / "bench").iterdir()} == {
-        "llama-8b.json", "latency_cdf.png", "timeseries.png", "breakdown.png",
+        "llama-8b.json", "latency_cdf.png", "timeseries.png", "breakdown.png", "resources.png",
     }  # fmt: skip
+    # the engines' emulated GPUs and the processes that `tandem up` started are all monitored
+    assert "first to saturate" in done.stdout or "no resource reached" in done.stdout
+    assert "process:router" in done.stdout
     # Orphans would have been re-parented away from us: look for the run's own command lines.
     config = yaml.safe_load((tmp_path / "run" / "router.yaml").read_text())
     ports = [
