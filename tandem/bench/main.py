@@ -107,6 +107,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--phases", type=parse_phases, help="burst: QPSxSECONDS,... e.g. 2x15,20x10,2x20"
     )
     shape.add_argument("--max-duration", type=float, help="bound on the measured phase in seconds")
+    shape.add_argument(
+        "--task-acceptance",
+        action="append",
+        metavar="CLASS=RATE",
+        help="speculative decoding: the draft acceptance rate of a request class's task "
+        "(short, long, group-N, default; * for all), sent as vllm_xargs.spec_acceptance_rate",
+    )
     client = parser.add_argument_group("client")
     client.add_argument("--api", choices=["completions", "chat"], default="completions")
     client.add_argument("--model", help="model name to send (default: the first of /v1/models)")
@@ -181,6 +188,9 @@ def workload_from_args(args: argparse.Namespace) -> WorkloadSpec:
         if field not in type(base).model_fields:
             raise ValueError(f"--{dest.replace('_', '-')} does not apply to a {base.kind} workload")
         fields[field] = value
+    if args.task_acceptance:
+        rates = (item.partition("=") for item in args.task_acceptance)
+        fields["task_acceptance"] = {klass: float(rate) for klass, _, rate in rates}
     validated: WorkloadSpec = TypeAdapter(Workload).validate_python(fields)
     return validated
 

@@ -88,9 +88,15 @@ class _Run:
     """The state of one measured run: the session, the URL and the per-request bookkeeping."""
 
     def __init__(
-        self, session: aiohttp.ClientSession, target: Target, options: RunOptions, model: str
+        self,
+        session: aiohttp.ClientSession,
+        target: Target,
+        options: RunOptions,
+        model: str,
+        task_acceptance: dict[str, float],
     ) -> None:
         self.session, self.options, self.model = session, options, model
+        self.task_acceptance = task_acceptance
         self.url = target.completions_url if options.api == "completions" else target.chat_url
         self.headers = dict(options.headers)
 
@@ -109,6 +115,9 @@ class _Run:
                 lag_s=max(0.0, now - t0 - planned.at_s),
             )
             body = request_body(planned, self.options.api, self.model, self.options.ignore_eos)
+            rate = self.task_acceptance.get(planned.klass, self.task_acceptance.get("*"))
+            if rate is not None:
+                body["vllm_xargs"] = {"spec_acceptance_rate": rate}
             headers = self.headers | {"X-Request-Id": f"bench-{uuid.uuid4().hex[:16]}"}
             return await send(
                 self.session, self.url, body, result, self.options.request_timeout_s, headers
@@ -174,7 +183,7 @@ async def run_target(
     connector = aiohttp.TCPConnector(limit=0, force_close=False)
     async with aiohttp.ClientSession(connector=connector, read_bufsize=1 << 18) as session:
         model = options.model or await discover_model(session, target.url)
-        run = _Run(session, target, options, model)
+        run = _Run(session, target, options, model, workload.task_acceptance)
         if schedule.warmup:
             warm = await _warm_up(run, schedule.warmup)
             if not any(r.ok for r in warm):

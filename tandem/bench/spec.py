@@ -6,7 +6,7 @@ import re
 from typing import Annotated, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class _Spec(BaseModel):
@@ -99,6 +99,17 @@ class _Workload(_Spec):
     output: LengthDist = Field(default_factory=lambda: LengthDist(kind="fixed", mean=128))
     # Hard bound on how long the measured phase may take (arrivals plus draining).
     max_duration_s: float = Field(600, gt=0)
+    # Speculative decoding: each request class's task as a draft acceptance rate ("*": every
+    # class), sent as vllm_xargs.spec_acceptance_rate, from which the emulator draws accepted
+    # drafts (a real vLLM keeps it in the sampling params' extra args and ignores it).
+    task_acceptance: dict[str, float] = Field(default_factory=dict)
+
+    @field_validator("task_acceptance")
+    @classmethod
+    def _rates(cls, value: dict[str, float]) -> dict[str, float]:
+        if any(not 0 <= rate <= 1 for rate in value.values()):
+            raise ValueError("acceptance rates are between 0 and 1")
+        return value
 
 
 class FixedQPS(_Workload):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import httpx
 import pytest
 from tandem_process import TandemProcess, free_port
 
@@ -97,3 +98,27 @@ def test_dcgm_gauges_are_kept_per_gpu() -> None:
         "DCGM_FI_DEV_GPU_UTIL{gpu=1}": 90.0,
         "vllm:num_requests_running": 3.0,
     }
+
+
+def test_task_classes_send_their_acceptance_rate_to_a_speculating_engine(tmp_path: Path) -> None:
+    port = free_port()
+    spec = '{"method": "ngram", "num_speculative_tokens": 3}'
+    args = ["emulate", "tiny-model", "--served-model-name", "tiny", "--host", "127.0.0.1",
+            "--port", str(port), "--speedup", "20", "--speculative-config", spec,
+            "--spec-acceptance-rate", "0"]  # fmt: skip
+    engine = TandemProcess("bench-spec-emulator", args, port)
+    try:
+        engine.wait_ready(timeout=60)
+        bench = [engine.url, "--num-requests", "6", "--qps", "20", "--input", "64",
+                 "--output", "33", "--warmup", "0", "--quiet", "--no-plots", "--out", str(tmp_path),
+                 "--task-acceptance", "default=1.0"]  # fmt: skip
+        assert main(bench) == 0
+        metrics = flatten(httpx.get(f"{engine.url}/metrics", timeout=10).text)
+    finally:
+        engine.stop()
+    record = BenchRecord.load(tmp_path / "A.json")
+    assert record.workload.task_acceptance == {"default": 1.0}
+    # every draft accepted (the engine's own rate is 0): 32 tokens after the first in 8 steps
+    # of 4, per request
+    assert metrics["vllm:spec_decode_num_drafts_total"] == 6 * 8
+    assert metrics["vllm:spec_decode_num_accepted_tokens_total"] == 6 * 8 * 3
