@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 import kopf
 
+from tandem.operator import metrics
 from tandem.operator.api import (
     API_VERSION,
     GROUP,
@@ -157,6 +158,7 @@ def report_status(
         status = aggregate_status(
             current, read_deployments(kube, sc), now_rfc3339(), apply_error, observed_generation
         )
+        metrics.record_pools(sc.namespace, sc.name, status)
         kube.patch_status(API_VERSION, KIND, sc.namespace, sc.name, status_patch(status))
         if applied is not None and observed_generation != current.status.observed_generation:
             events(
@@ -188,6 +190,7 @@ def invalid_spec_status(problems: list[str], generation: int | None) -> dict[str
     }  # fmt: skip
 
 
+@metrics.observe_reconcile
 def reconcile_body(
     kube: Kube, body: Mapping[str, Any], events: EventSink = kopf_event
 ) -> str | None:
@@ -357,6 +360,7 @@ def register(
 
     @kopf.on.delete(GROUP, VERSION, PLURAL, optional=True, id="deleted", registry=registry)
     def deleted(body: kopf.Body, **_: Any) -> None:
+        metrics.forget_cluster(body.metadata.namespace or "", body.metadata.name or "")
         kopf_event(body, type="Normal", reason="Deleting",
                    message="children are garbage-collected through their owner references; PVCs and Secrets are kept")  # fmt: skip
 

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import kopf
 
+from tandem.operator import metrics
 from tandem.operator.api import GROUP
 from tandem.operator.handlers import register
 
@@ -38,6 +39,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--priority", type=int, default=0, help="peering priority of this replica")
     parser.add_argument(
         "--liveness", metavar="URL", help="serve a liveness probe, e.g. http://0.0.0.0:8080/healthz"
+    )
+    parser.add_argument(
+        "--metrics-port", type=int, metavar="PORT", help="serve Prometheus /metrics on this port"
+    )
+    parser.add_argument(
+        "--metrics-host", default="0.0.0.0", help="address /metrics listens on (default 0.0.0.0)"
     )
     parser.add_argument(
         "--resync-seconds", type=float, default=300.0, help="period of the drift-repair resync"
@@ -95,6 +102,8 @@ def main(argv: list[str]) -> int:
     register(registry, resync_seconds=args.resync_seconds, namespaces=args.namespace)
     if load_autoscaling(registry):
         logging.getLogger("tandem.operator").info("autoscaling handlers loaded")
+    if args.metrics_port is not None:
+        metrics.serve(args.metrics_port, args.metrics_host)
     try:
         run(args, registry)
     except kopf.LoginError as exc:

@@ -32,6 +32,7 @@ from tandem.operator.autoscaling.signals import PoolSignals
 from tandem.operator.autoscaling.status import USER_LIMITS, autoscaling_conditions, pool_status
 from tandem.operator.handlers import kube as operator_kube
 from tandem.operator.kube import FIELD_MANAGER, Kube, object_path
+from tandem.operator.metrics import record_decision
 from tandem.operator.render import LABEL_CLUSTER, LABEL_ROLE
 
 
@@ -151,6 +152,7 @@ async def evaluate(
             why or "no metrics",
         )
         decisions[pool] = decision
+        record_decision(namespace, name, policies[pool], decision, signals, ready)
         status["autoscaling"][pool] = pool_status(
             decision, signals, ready, previous_status.get(pool), stamp
         )
