@@ -223,6 +223,8 @@ def recording_rules(slos: SLOs) -> list[RuleGroup]:
     requests_by_status = sum_rate(n.ROUTER_REQUESTS, RATE_WINDOW, [*BY_CLUSTER, "route", "status"])
     all_requests = f"sum by ({by(BY_CLUSTER)}) ({REQUESTS_RATE})"
     five_xx = f'sum by ({by(BY_CLUSTER)}) ({REQUESTS_RATE}{{status=~"5.."}})'
+    hits = sum_rate(n.ROUTER_PREFIX_HIT_BLOCKS, RATE_WINDOW, [*BY_CLUSTER, "index"])
+    lookups = sum_rate(n.ROUTER_PREFIX_QUERY_BLOCKS, RATE_WINDOW, [*BY_CLUSTER, "index"])
     cluster = RuleGroup(
         name="tandem.cluster.rules",
         rules=(
@@ -235,11 +237,7 @@ def recording_rules(slos: SLOs) -> list[RuleGroup]:
             *_stage_rules(),
             RecordingRule(record=QUEUEING_SHARE, expr=queueing_share_expr()),
             RecordingRule(
-                record=ROUTER_PREFIX_HIT,
-                expr=ratio(
-                    sum_rate(n.ROUTER_PREFIX_HIT_BLOCKS, RATE_WINDOW, [*BY_CLUSTER, "index"]),
-                    sum_rate(n.ROUTER_PREFIX_QUERY_BLOCKS, RATE_WINDOW, [*BY_CLUSTER, "index"]),
-                ),
+                record=ROUTER_PREFIX_HIT, expr=ratio(zero_if_absent(hits, lookups), lookups)
             ),
             RecordingRule(
                 record=ENGINE_PREFIX_HIT,

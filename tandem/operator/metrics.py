@@ -13,6 +13,7 @@ import functools
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, ParamSpec, get_args
+from wsgiref.simple_server import WSGIServer
 
 import kopf
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -92,9 +93,10 @@ METRICS_AVAILABLE = Gauge(
 P = ParamSpec("P")
 
 
-def serve(port: int, host: str = "0.0.0.0") -> None:
-    """Serve /metrics on host:port from a daemon thread."""
-    start_http_server(port, addr=host, registry=REGISTRY)
+def serve(port: int, host: str = "0.0.0.0") -> WSGIServer:
+    """Serve /metrics on host:port from a daemon thread; `shutdown()` the server to stop."""
+    server, _ = start_http_server(port, addr=host, registry=REGISTRY)
+    return server
 
 
 def observe_reconcile(reconcile: Callable[P, str | None]) -> Callable[P, str | None]:

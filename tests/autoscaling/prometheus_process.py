@@ -70,14 +70,21 @@ def engine_pods_job(http_sd_url: str) -> dict[str, Any]:
 class PrometheusProcess:
     """One Prometheus with its own config and TSDB directory; `stop()` kills it and removes both."""
 
-    def __init__(self, jobs: Sequence[Mapping[str, Any]], scrape_interval: str = "1s") -> None:
+    def __init__(
+        self,
+        jobs: Sequence[Mapping[str, Any]],
+        scrape_interval: str = "1s",
+        rule_files: Sequence[Path] = (),
+    ) -> None:
         self.workdir = Path(tempfile.mkdtemp(prefix="tandem-prometheus-"))
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        config = {
+        config: dict[str, Any] = {
             "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
             "scrape_configs": [dict(job) for job in jobs],
         }
+        if rule_files:
+            config["rule_files"] = [str(path) for path in rule_files]
         (self.workdir / "prometheus.yml").write_text(yaml.safe_dump(config, sort_keys=False))
         self.log = self.workdir / "prometheus.log"
         self._popen: subprocess.Popen[bytes] | None = None
@@ -137,9 +144,9 @@ class PrometheusProcess:
 
 @contextlib.contextmanager
 def running_prometheus(
-    jobs: Sequence[Mapping[str, Any]], scrape_interval: str = "1s"
+    jobs: Sequence[Mapping[str, Any]], scrape_interval: str = "1s", rule_files: Sequence[Path] = ()
 ) -> Iterator[PrometheusProcess]:
-    server = PrometheusProcess(jobs, scrape_interval).start()
+    server = PrometheusProcess(jobs, scrape_interval, rule_files).start()
     try:
         yield server
     finally:

@@ -1,0 +1,8 @@
+"""The observability suite reuses the autoscaling suite's throwaway Prometheus."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "autoscaling"))
