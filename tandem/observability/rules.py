@@ -286,7 +286,11 @@ def _burn_alerts(slo: LatencySLO, title: str) -> list[AlertRule]:
                 expr="\nor\n".join(clauses),
                 **{"for": for_},
                 severity=severity,
-                summary=f"{title} error budget of {{{{ $labels.namespace }}}}/{{{{ $labels.tandem_dev_cluster }}}} is burning fast",
+                summary=(
+                    f"{title} error budget of {{{{ $labels.namespace }}}}/"
+                    f"{{{{ $labels.tandem_dev_cluster }}}} is burning "
+                    + ("fast" if severity == "critical" else "steadily")
+                ),
                 description=(
                     f"More than {slo.budget:.0%} of {title} observations exceed {slo.threshold}s "
                     f"at a burn rate of {windows} (objective {slo.objective:.0%}). Now "
@@ -339,7 +343,7 @@ def alert_rules(slos: SLOs, limits: Thresholds) -> RuleGroup:
                 summary=f"KV-cache transfers between prefill and decode fail in {cluster}",
                 description=(
                     "NIXL transfers fail or prefilled KV expires before the decode pod pulls it "
-                    "({{ $value | humanize }}/s): those requests are prefilled twice or fail."
+                    '({{ printf "%.3g" $value }} per second): those requests are prefilled twice or fail.'
                 ),
                 probes=(KV_HANDOFF_FAILURES,),
             ),

@@ -25,7 +25,6 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -106,8 +105,8 @@ def deployment(replicas: int, ready: int) -> dict[str, Any]:
     }
 
 
-async def feed_operator(prometheus_url: str, router_url: str) -> None:
-    """The operator's series, from its real autoscaler path and status aggregation."""
+async def feed_autoscaler(prometheus_url: str) -> None:
+    """The autoscaler's series, from its real queries and decision against this Prometheus."""
     sc = load_manifest(str(EXAMPLE))
     policies = pool_policies(sc.spec.autoscaling)
     async with PrometheusClient(prometheus_url) as client:
@@ -119,15 +118,20 @@ async def feed_operator(prometheus_url: str, router_url: str) -> None:
             operator_metrics.record_decision(
                 NAMESPACE, CLUSTER, policies[pool], decision, signals, 1
             )
+
+
+def feed_pool_status(router_url: str) -> None:
+    """The pool sizes, from the operator's status aggregation of the pools' Deployments (ready
+    replicas: the engines the router finds healthy)."""
+    sc = load_manifest(str(EXAMPLE))
     engines = httpx.get(f"{router_url}/engines", timeout=5).json()
     deployments = {}
     for role in component_roles(sc):
         ready = 1 if role == "router" else sum(e["healthy"] and role in e["roles"] for e in engines)
         deployments[role] = deployment(1, ready)
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    operator_metrics.record_pools(
-        NAMESPACE, CLUSTER, aggregate_status(sc, deployments, now, None, 1)
-    )
+    status = aggregate_status(sc, deployments, now, None, 1)
+    operator_metrics.record_pools(NAMESPACE, CLUSTER, status)
 
 
 @pytest.fixture(scope="module")
@@ -179,7 +183,8 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
                 capture_output=True, text=True, timeout=150, env=env, check=False,
             )  # fmt: skip
             assert bench.returncode == 0, bench.stdout + bench.stderr
-            asyncio.run(feed_operator(prometheus.url, router))
+            asyncio.run(feed_autoscaler(prometheus.url))
+            feed_pool_status(router)
             time.sleep(3)  # two scrapes and two rule evaluations after the last request
             exposition = "\n".join(
                 httpx.get(url, timeout=5).text
@@ -206,7 +211,8 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
 def query(live: Live, expr: str) -> list[dict[str, Any]]:
     response = httpx.get(f"{live.prometheus.url}/api/v1/query", params={"query": expr}, timeout=10)
     body = response.json()
-    assert response.status_code == 200 and body["status"] == "success", f"{expr}\n-> {body}"
+    assert response.status_code == 200, f"{expr}\n-> {body}"
+    assert body["status"] == "success", f"{expr}\n-> {body}"
     return list(body["data"]["result"])
 
 
