@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,10 +45,3 @@ def panel_queries() -> Iterator[PanelQuery]:
 def rules() -> list[dict[str, Any]]:
     groups = yaml.safe_load(RULES.read_text())["groups"]
     return [rule for group in groups for rule in group["rules"]]
-
-
-def substitute(expr: str, variables: Mapping[str, str]) -> str:
-    """Grafana's variable interpolation for the variables our dashboards use."""
-    for name in sorted(variables, key=len, reverse=True):
-        expr = expr.replace(f"${name}", variables[name])
-    return expr

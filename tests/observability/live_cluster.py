@@ -1,0 +1,218 @@
+"""A real `tandem up` scraped by a real Prometheus with the chart's rules, under `tandem bench` load.
+
+Prometheus (Debian's server) scrapes the router and the engines with the target labels the
+chart's PodMonitor/ServiceMonitor give pods on Kubernetes (namespace, pod, tandem_dev_cluster,
+tandem_dev_role) and loads the chart's rule file. The operator's series come from this process's
+own `tandem.operator.metrics` server, fed by the autoscaler's real queries and decision reading
+this Prometheus, and by the operator's status aggregation of the pools' Deployments (shaped as the
+API server returns them; ready replicas are the engines the router finds healthy). What cannot
+run here is the Kubernetes side itself: the kopf daemon loop and the API server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+from prometheus_process import PrometheusProcess, running_prometheus, static_job
+from shipped import ROOT, RULES
+from tandem_process import free_port
+
+from tandem.observability import names
+from tandem.operator import metrics as operator_metrics
+from tandem.operator.api import load_manifest
+from tandem.operator.autoscaling.decision import PoolState, decide
+from tandem.operator.autoscaling.policy import POOLS, Pool, pool_policies
+from tandem.operator.autoscaling.prometheus import PrometheusClient
+from tandem.operator.autoscaling.queries import PoolSelector, read_pool_signals
+from tandem.operator.status import aggregate_status, component_roles
+
+EXAMPLE = ROOT / "examples" / "llama-8b-pd.yaml"
+NAMESPACE, CLUSTER = "default", "llama-8b"
+
+
+@dataclass
+class Live:
+    prometheus: PrometheusProcess
+    bench: dict[str, Any]  # the bench record (JSON)
+    pods: dict[str, str]  # pod name -> engine URL
+    exposition: str  # every component's /metrics text, concatenated
+    started: float  # unix time the load began
+
+
+@dataclass
+class OperatorFeed:
+    """The operator's series for this cluster, refreshed as its autoscaler and status would be."""
+
+    prometheus_url: str
+    router_url: str
+    states: dict[Pool, PoolState] = field(default_factory=dict)
+
+    def __call__(self) -> None:
+        asyncio.run(self.autoscale())
+        self.report_pools()
+
+    async def autoscale(self) -> None:
+        sc = load_manifest(str(EXAMPLE))
+        policies = pool_policies(sc.spec.autoscaling)
+        async with PrometheusClient(self.prometheus_url) as client:
+            for pool in POOLS:
+                selector = PoolSelector(namespace=NAMESPACE, cluster=CLUSTER, pool=pool)
+                signals = await read_pool_signals(client, selector, policies[pool])
+                state = self.states.get(pool, PoolState())
+                decision, self.states[pool] = decide(
+                    policies[pool], signals, 1, 1, state, time.monotonic()
+                )
+                operator_metrics.record_decision(
+                    NAMESPACE, CLUSTER, policies[pool], decision, signals, 1
+                )
+
+    def report_pools(self) -> None:
+        sc = load_manifest(str(EXAMPLE))
+        engines = httpx.get(f"{self.router_url}/engines", timeout=5).json()
+        deployments = {}
+        for role in component_roles(sc):
+            ready = (
+                1 if role == "router" else sum(e["healthy"] and role in e["roles"] for e in engines)
+            )
+            deployments[role] = deployment(1, ready)
+        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        operator_metrics.record_pools(
+            NAMESPACE, CLUSTER, aggregate_status(sc, deployments, now, None, 1)
+        )
+
+
+def pod_labels(role: str, pod: str) -> dict[str, str]:
+    """The target labels the chart's monitors give a pod's series on Kubernetes."""
+    return {names.NAMESPACE: NAMESPACE, names.CLUSTER: CLUSTER, names.ROLE: role, names.POD: pod}
+
+
+def deployment(replicas: int, ready: int) -> dict[str, Any]:
+    """A Deployment's spec and status as the API server reports a rolled-out one."""
+    return {
+        "metadata": {"generation": 1},
+        "spec": {"replicas": replicas},
+        "status": {
+            "observedGeneration": 1,
+            "replicas": replicas,
+            "readyReplicas": ready,
+            "updatedReplicas": replicas,
+            "availableReplicas": ready,
+            "conditions": [{"type": "Available", "status": "True"}],
+        },
+    }
+
+
+def wait_for_line(process: subprocess.Popen[str], needle: str, timeout_s: float) -> None:
+    lines: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    assert process.stdout is not None
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if needle in line:
+            return
+    raise AssertionError(f"no {needle!r} from tandem up:\n{''.join(lines)}")
+
+
+def run_bench(
+    command: list[str], log: Path, feed: OperatorFeed, feed_every_s: float, timeout_s: float
+) -> None:
+    """Run `tandem bench` to the end, refreshing the operator's series every `feed_every_s`."""
+    with log.open("w") as out:
+        bench = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout_s
+        next_feed = time.monotonic() + feed_every_s
+        while bench.poll() is None and time.monotonic() < deadline:
+            if time.monotonic() >= next_feed:
+                feed()
+                next_feed += feed_every_s
+            time.sleep(0.2)
+        if bench.poll() is None:
+            bench.kill()
+            bench.wait()
+    assert bench.returncode == 0, log.read_text()
+
+
+@contextlib.contextmanager
+def live_cluster(
+    workdir: Path,
+    up_args: Sequence[str],
+    bench_args: Sequence[str],
+    feed_every_s: float = 15.0,
+    bench_timeout_s: float = 150.0,
+) -> Iterator[Live]:
+    port = free_port()
+    router = f"http://127.0.0.1:{port}"
+    command = [sys.executable, "-m", "tandem.cli", "up", str(EXAMPLE), *up_args,
+               "--port", str(port), "--run-dir", str(workdir / "run")]  # fmt: skip
+    env = os.environ | {"COLUMNS": "200", "PYTHONUNBUFFERED": "1"}
+    up = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
+    server = None
+    try:
+        wait_for_line(up, "ready", 90)
+        config = yaml.safe_load((workdir / "run" / "router.yaml").read_text())
+        pods = {
+            f"{CLUSTER}-{role}-{i}": entry["url"]
+            for role in ("prefill", "decode")
+            for i, entry in enumerate(config["static"][role])
+        }
+        operator_port = free_port()
+        server = operator_metrics.serve(operator_port, "127.0.0.1")
+        jobs = [
+            static_job(
+                "router", [(f"127.0.0.1:{port}", pod_labels("router", f"{CLUSTER}-router"))]
+            ),
+            static_job(
+                "engines",
+                [
+                    (url.removeprefix("http://"), pod_labels(pod.split("-")[-2], pod))
+                    for pod, url in pods.items()
+                ],
+            ),
+            # honor_labels, as the chart's operator ServiceMonitor: the series name their cluster.
+            static_job("operator", [(f"127.0.0.1:{operator_port}", {})]) | {"honor_labels": True},
+        ]
+        with running_prometheus(jobs, rule_files=[RULES]) as prometheus:
+            prometheus.wait_for_targets(len(pods) + 2)
+            feed = OperatorFeed(prometheus.url, router)
+            started = time.time()
+            metrics = [f"--metrics=router={router}/metrics"] + [
+                f"--metrics={pod}={url}/metrics" for pod, url in pods.items()
+            ]
+            bench = [sys.executable, "-m", "tandem.cli", "bench", router, *bench_args, *metrics,
+                     "--out", str(workdir / "bench"), "--no-plots", "--quiet"]  # fmt: skip
+            run_bench(bench, workdir / "bench.log", feed, feed_every_s, bench_timeout_s)
+            feed()
+            time.sleep(3)  # two scrapes and two rule evaluations after the last request
+            urls = [router, *pods.values(), f"http://127.0.0.1:{operator_port}"]
+            exposition = "\n".join(httpx.get(f"{u}/metrics", timeout=5).text for u in urls)
+            record = json.loads((workdir / "bench" / "A.json").read_text())
+            yield Live(prometheus, record, pods, exposition, started)
+    finally:
+        if server is not None:
+            server.shutdown()
+        if up.poll() is None:
+            up.send_signal(signal.SIGINT)
+            try:
+                up.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                up.kill()
+                up.wait()
