@@ -29,6 +29,8 @@ VALUE_SETS: dict[str, list[str]] = {
         "--set", "example.enabled=true",
         "--set", "operator.verbose=true",
         "--set", "serviceAccount.annotations.team=ml",
+        "--set", "prometheusRule.enabled=true",
+        "--set", "operator.metrics.serviceMonitor.enabled=true",
     ],
 }  # fmt: skip
 

@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import datetime
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -33,7 +32,7 @@ from tandem_process import free_port
 
 from tandem.observability import names
 from tandem.operator import metrics as operator_metrics
-from tandem.operator.api import load_manifest
+from tandem.operator.api import ServingCluster, load_manifest
 from tandem.operator.autoscaling.decision import PoolState, decide
 from tandem.operator.autoscaling.policy import POOLS, Pool, pool_policies
 from tandem.operator.autoscaling.prometheus import PrometheusClient
@@ -55,44 +54,51 @@ class Live:
 
 @dataclass
 class OperatorFeed:
-    """The operator's series for this cluster, refreshed as its autoscaler and status would be."""
+    """The operator's series for this cluster, refreshed as its autoscaler and status would be.
+
+    The pools' sizes are the engines `tandem up` runs (the router's /engines); ready ones are
+    those passing the router's health checks.
+    """
 
     prometheus_url: str
     router_url: str
     states: dict[Pool, PoolState] = field(default_factory=dict)
 
     def __call__(self) -> None:
-        asyncio.run(self.autoscale())
-        self.report_pools()
-
-    async def autoscale(self) -> None:
+        engines = httpx.get(f"{self.router_url}/engines", timeout=5).json()
+        sizes = {pool: sum(pool in e["roles"] for e in engines) for pool in POOLS}
+        ready = {pool: sum(e["healthy"] and pool in e["roles"] for e in engines) for pool in POOLS}
         sc = load_manifest(str(EXAMPLE))
+        for pool in POOLS:
+            getattr(sc.spec, pool).replicas = sizes[pool]
+        asyncio.run(self.autoscale(sc, sizes, ready))
+        deployments = {
+            role: deployment(1, 1) if role == "router" else deployment(sizes[role], ready[role])
+            for role in component_roles(sc)
+        }
+        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        status = aggregate_status(sc, deployments, now, None, 1)
+        operator_metrics.record_pools(NAMESPACE, CLUSTER, status)
+
+    async def autoscale(
+        self, sc: ServingCluster, sizes: dict[Pool, int], ready: dict[Pool, int]
+    ) -> None:
         policies = pool_policies(sc.spec.autoscaling)
         async with PrometheusClient(self.prometheus_url) as client:
             for pool in POOLS:
                 selector = PoolSelector(namespace=NAMESPACE, cluster=CLUSTER, pool=pool)
                 signals = await read_pool_signals(client, selector, policies[pool])
-                state = self.states.get(pool, PoolState())
                 decision, self.states[pool] = decide(
-                    policies[pool], signals, 1, 1, state, time.monotonic()
+                    policies[pool],
+                    signals,
+                    sizes[pool],
+                    ready[pool],
+                    self.states.get(pool, PoolState()),
+                    time.monotonic(),
                 )
                 operator_metrics.record_decision(
-                    NAMESPACE, CLUSTER, policies[pool], decision, signals, 1
+                    NAMESPACE, CLUSTER, policies[pool], decision, signals, ready[pool]
                 )
-
-    def report_pools(self) -> None:
-        sc = load_manifest(str(EXAMPLE))
-        engines = httpx.get(f"{self.router_url}/engines", timeout=5).json()
-        deployments = {}
-        for role in component_roles(sc):
-            ready = (
-                1 if role == "router" else sum(e["healthy"] and role in e["roles"] for e in engines)
-            )
-            deployments[role] = deployment(1, ready)
-        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        operator_metrics.record_pools(
-            NAMESPACE, CLUSTER, aggregate_status(sc, deployments, now, None, 1)
-        )
 
 
 def pod_labels(role: str, pod: str) -> dict[str, str]:
@@ -116,18 +122,20 @@ def deployment(replicas: int, ready: int) -> dict[str, Any]:
     }
 
 
-def wait_for_line(process: subprocess.Popen[str], needle: str, timeout_s: float) -> None:
-    lines: list[str] = []
+def wait_until_serving(
+    up: subprocess.Popen[bytes], router: str, log: Path, timeout_s: float
+) -> None:
+    """Until the router lists its engines and every one passes its health checks."""
     deadline = time.monotonic() + timeout_s
-    assert process.stdout is not None
     while time.monotonic() < deadline:
-        line = process.stdout.readline()
-        if not line:
-            break
-        lines.append(line)
-        if needle in line:
-            return
-    raise AssertionError(f"no {needle!r} from tandem up:\n{''.join(lines)}")
+        if up.poll() is not None:
+            raise AssertionError(f"tandem up exited:\n{log.read_text()}")
+        with contextlib.suppress(httpx.HTTPError):
+            engines = httpx.get(f"{router}/engines", timeout=1).json()
+            if engines and all(engine["healthy"] for engine in engines):
+                return
+        time.sleep(0.3)
+    raise AssertionError(f"tandem up not serving after {timeout_s}s:\n{log.read_text()}")
 
 
 def run_bench(
@@ -161,13 +169,12 @@ def live_cluster(
     router = f"http://127.0.0.1:{port}"
     command = [sys.executable, "-m", "tandem.cli", "up", str(EXAMPLE), *up_args,
                "--port", str(port), "--run-dir", str(workdir / "run")]  # fmt: skip
-    env = os.environ | {"COLUMNS": "200", "PYTHONUNBUFFERED": "1"}
-    up = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
-    )
+    up_log = workdir / "up.log"
+    with up_log.open("wb") as out:
+        up = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
     server = None
     try:
-        wait_for_line(up, "ready", 90)
+        wait_until_serving(up, router, up_log, 90)
         config = yaml.safe_load((workdir / "run" / "router.yaml").read_text())
         pods = {
             f"{CLUSTER}-{role}-{i}": entry["url"]
