@@ -215,5 +215,15 @@ class PodRunner:
 
 
 def _base_env() -> dict[str, str]:
-    keep = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+    # PYTHONPATH: a suite run from a worktree (PYTHONPATH=$PWD) runs that tree's code in its pods.
+    keep = (
+        "PATH",
+        "HOME",
+        "LANG",
+        "LC_ALL",
+        "TMPDIR",
+        "PYTHONPATH",
+        "OPENBLAS_CORETYPE",
+        "OPENBLAS_L2_SIZE",
+    )
     return {key: os.environ[key] for key in keep if key in os.environ}
