@@ -3,6 +3,7 @@ unit-tested with promtool, a runbook for every alert, and dashboards that Grafan
 
 from __future__ import annotations
 
+import ast
 import json
 import shutil
 import subprocess
@@ -115,3 +116,18 @@ def test_every_panel_selects_one_cluster() -> None:
         assert 'tandem_dev_cluster="$cluster"' in query.expr, query
         if query.repeat == "pod":
             assert 'pod="$pod"' in query.expr, query
+
+
+def test_the_package_imports_no_other_component() -> None:
+    """tandem.observability knows metric names only: it imports nothing else of Tandem."""
+    package = ROOT / "tandem" / "observability"
+    for path in package.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            modules = (
+                [alias.name for alias in node.names] if isinstance(node, ast.Import)
+                else [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            )  # fmt: skip
+            for module in modules:
+                assert not module.startswith("tandem.") or module.startswith(
+                    "tandem.observability"
+                ), f"{path.name} imports {module}"
