@@ -43,6 +43,7 @@ ENGINE_PREEMPTIONS = "vllm:num_preemptions_total"
 ENGINE_PROMPT_TOKENS = "vllm:prompt_tokens_total"
 ENGINE_GENERATION_TOKENS = "vllm:generation_tokens_total"
 ENGINE_QUEUE_TIME = "vllm:request_queue_time_seconds"
+ENGINE_PREFILL_COMPUTED = "vllm:request_prefill_kv_computed_tokens"
 ENGINE_NIXL_FAILED = "vllm:nixl_num_failed_transfers_total"
 ENGINE_NIXL_EXPIRED = "vllm:nixl_num_kv_expired_reqs_total"
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tandem.observability import names as n
 from tandem.observability.promql import BY_CLUSTER, by, ratio, selector, sum_rate, zero_if_absent
@@ -46,6 +46,13 @@ class LatencySLO(BaseModel):
     threshold: str
     objective: float = Field(gt=0, lt=1)
 
+    @model_validator(mode="after")
+    def _threshold_is_a_bucket_bound(self) -> LatencySLO:
+        bounds = ROUTER_LATENCY_BOUNDS if self.name == "ttft" else ROUTER_ITL_BOUNDS
+        if self.threshold not in bounds:
+            raise ValueError(f"{self.name} threshold must be a bucket bound: {bounds}")
+        return self
+
     @property
     def budget(self) -> float:
         return round(1.0 - self.objective, 6)
@@ -63,20 +70,6 @@ class SLOs(BaseModel):
         name="ttft", metric=n.ROUTER_TTFT, threshold="1.0", objective=0.99
     )
     itl: LatencySLO = LatencySLO(name="itl", metric=n.ROUTER_ITL, threshold="0.1", objective=0.99)
-
-    @field_validator("ttft")
-    @classmethod
-    def _ttft_bound(cls, slo: LatencySLO) -> LatencySLO:
-        if slo.threshold not in ROUTER_LATENCY_BOUNDS:
-            raise ValueError(f"TTFT threshold must be a bucket bound: {ROUTER_LATENCY_BOUNDS}")
-        return slo
-
-    @field_validator("itl")
-    @classmethod
-    def _itl_bound(cls, slo: LatencySLO) -> LatencySLO:
-        if slo.threshold not in ROUTER_ITL_BOUNDS:
-            raise ValueError(f"ITL threshold must be a bucket bound: {ROUTER_ITL_BOUNDS}")
-        return slo
 
 
 class Thresholds(BaseModel):
@@ -315,7 +308,9 @@ def alert_rules(slos: SLOs, limits: Thresholds) -> RuleGroup:
         f'sum by ({by(BY_CLUSTER)}) (changes({n.ROUTER_INDEX_BLOCKS}{{index="exact"}}[{window}]))'
     )
     exact_lookups = sum_rate(selector(n.ROUTER_PREFIX_QUERY_BLOCKS, {"index": "exact"}), window)
-    engine_prompts = sum_rate(n.ENGINE_PROMPT_TOKENS, window)
+    # New KV computed by prefills (cached prompt tokens excluded): each full block of it is a
+    # BlockStored event, so the index must change.
+    computed_kv = sum_rate(f"{n.ENGINE_PREFILL_COMPUTED}_sum", window)
     limited = f'{n.AUTOSCALER_LIMITED}{{limit="TooManyReplicas"}}'
     return RuleGroup(
         name="tandem.alerts",
@@ -387,17 +382,17 @@ def alert_rules(slos: SLOs, limits: Thresholds) -> RuleGroup:
                 alert="TandemPrefixIndexStale",
                 expr=(
                     f"({index_changes} == 0)\nand on ({by(BY_CLUSTER)})\n({exact_lookups} > 0)"
-                    f"\nand on ({by(BY_CLUSTER)})\n({engine_prompts} > 0)"
+                    f"\nand on ({by(BY_CLUSTER)})\n({computed_kv} > 0)"
                 ),
                 **{"for": "10m"},
                 severity="warning",
                 summary=f"The router's exact prefix index of {cluster} stopped changing",
                 description=(
-                    f"The engines prefilled new prompt tokens over {window} but the router's "
+                    f"The engines computed new prompt KV over {window} but the router's "
                     "KV-event index did not change: its KV-event subscribers are not receiving "
                     "events, so prefix-aware placement works from stale data."
                 ),
-                probes=(index_changes, exact_lookups, engine_prompts),
+                probes=(index_changes, exact_lookups, computed_kv),
             ),
             AlertRule(
                 alert="TandemAutoscalerMetricsUnavailable",

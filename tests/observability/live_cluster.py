@@ -197,18 +197,29 @@ def live_cluster(
             # honor_labels, as the chart's operator ServiceMonitor: the series name their cluster.
             static_job("operator", [(f"127.0.0.1:{operator_port}", {})]) | {"honor_labels": True},
         ]
-        with running_prometheus(jobs, rule_files=[RULES]) as prometheus:
+        metrics = [f"--metrics=router={router}/metrics"] + [
+            f"--metrics={pod}={url}/metrics" for pod, url in pods.items()
+        ]
+
+        def bench(out: str, *extra: str) -> list[str]:
+            return [sys.executable, "-m", "tandem.cli", "bench", router, *bench_args, *extra,
+                    *metrics, "--out", str(workdir / out), "--no-plots", "--quiet"]  # fmt: skip
+
+        # A few requests before Prometheus starts: every series the run touches exists by its
+        # first scrape, so no counter is born inside the rate windows (rate() cannot count a
+        # counter's first sample, which would bias the ratios of a run this short).
+        warmup = subprocess.run(bench("warmup", "--num-requests", "6"), capture_output=True,
+                                text=True, timeout=60, check=False)  # fmt: skip
+        assert warmup.returncode == 0, warmup.stdout + warmup.stderr
+        # Scrapes every 0.5 s: rate() extrapolates each target's series to the window's edges
+        # from its own scrape times, a bias of up to an interval over a run of well under a minute.
+        with running_prometheus(jobs, "500ms", rule_files=[RULES]) as prometheus:
             prometheus.wait_for_targets(len(pods) + 2)
             feed = OperatorFeed(prometheus.url, router)
             started = time.time()
-            metrics = [f"--metrics=router={router}/metrics"] + [
-                f"--metrics={pod}={url}/metrics" for pod, url in pods.items()
-            ]
-            bench = [sys.executable, "-m", "tandem.cli", "bench", router, *bench_args, *metrics,
-                     "--out", str(workdir / "bench"), "--no-plots", "--quiet"]  # fmt: skip
-            run_bench(bench, workdir / "bench.log", feed, feed_every_s, bench_timeout_s)
+            run_bench(bench("bench"), workdir / "bench.log", feed, feed_every_s, bench_timeout_s)
             feed()
-            time.sleep(3)  # two scrapes and two rule evaluations after the last request
+            time.sleep(2)  # a few scrapes and rule evaluations after the last request
             urls = [router, *pods.values(), f"http://127.0.0.1:{operator_port}"]
             exposition = "\n".join(httpx.get(f"{u}/metrics", timeout=5).text for u in urls)
             record = json.loads((workdir / "bench" / "A.json").read_text())
