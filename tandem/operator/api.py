@@ -612,7 +612,9 @@ class NetworkPolicySpec(_Model):
     dns: list[dict[str, Any]] = Field(
         default_factory=lambda: [
             {
-                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+                "namespaceSelector": {
+                    "matchLabels": {"kubernetes.io/metadata.name": "kube-system"}
+                },
                 "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
             }
         ]

@@ -156,9 +156,7 @@ def ensure_engine_key(kube: Kube, body: Mapping[str, Any], sc: ServingCluster) -
     created = kube.create(secret)
     if created is not None:
         generated = {"name": name, "uid": created["metadata"]["uid"]}
-        kube.patch_status(
-            API_VERSION, KIND, sc.namespace, sc.name, {"engineKeySecret": generated}
-        )
+        kube.patch_status(API_VERSION, KIND, sc.namespace, sc.name, {"engineKeySecret": generated})
         return None
     if recorded is not None and recorded.name == name:
         return None
@@ -250,9 +248,9 @@ def report_status(
             blockers,
         )
         kube.patch_status(API_VERSION, KIND, sc.namespace, sc.name, status_patch(status))
-        before = set(kept_blockers(current.status.conditions))
+        before = " ".join(b.message for b in kept_blockers(current.status.conditions))
         for blocker in blockers or []:
-            if blocker not in before:
+            if blocker.message not in before:
                 events(body, type="Warning", reason=blocker.reason, message=blocker.message)
         if applied is not None and observed_generation != current.status.observed_generation:
             events(

@@ -118,7 +118,9 @@ class Router:
         )
         self.sessions = SessionTable(config.admission.max_sessions)
         engine_key = EngineKey.from_config(config)
-        self.upstreams = Upstreams(config.timeouts.connect_s, engine_key.header if engine_key else None)
+        self.upstreams = Upstreams(
+            config.timeouts.connect_s, engine_key.header if engine_key else None
+        )
         self.model_names = {config.served_model_name}
         self._priority_header = config.admission.priority_header.lower()
         self._session_header = config.admission.session_header.lower()

@@ -294,7 +294,11 @@ def test_handlers_register_without_finalizer_needs() -> None:
     # No timers or daemons of our own: those would put a finalizer on every object.
     assert list(registry._spawning.get_all_handlers()) == []
     assert not any(h.requires_finalizer for h in registry._changing.get_all_handlers())
-    assert operator_main.load_autoscaling(registry) in {True, False}
+    # The autoscaler too: a watch-event handler, no daemon, so deletion never waits for it.
+    assert operator_main.load_autoscaling(registry) is True
+    assert "autoscaler" in {h.id for h in registry._watching.get_all_handlers()}
+    assert list(registry._spawning.get_all_handlers()) == []
+    assert not any(h.requires_finalizer for h in registry._changing.get_all_handlers())
 
 
 def test_resync_reconciles_every_cluster() -> None:

@@ -119,7 +119,7 @@ def _events(body: Mapping[str, Any], decision: Decision, previous: Decision | No
 
 
 def _post(body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
-    kopf.event(dict(body), type=type_, reason=reason, message=message)
+    kopf.event(dict(body), type=type_, reason=reason, message=message)  # type: ignore[arg-type]
 
 
 async def evaluate(

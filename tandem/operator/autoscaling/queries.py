@@ -110,9 +110,7 @@ async def read_pool_signals(
             request_rate=observed["request_rate"],
         )
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{e['loc'][0]}={e.get('input')!r}: {e['msg']}" for e in exc.errors()
-        )
+        problems = "; ".join(f"{e['loc'][0]}={e.get('input')!r}: {e['msg']}" for e in exc.errors())
         raise PrometheusUnavailable(
             f"{client.base_url} returned implausible values for {selector.matchers()}: {problems}"
         ) from None
