@@ -308,9 +308,12 @@ NEVER = [
 
 
 def can(clients: Clients, subject: str, verb: str, resource: str, namespace: str) -> bool:
-    """The API server's own answer (SubjectAccessReview through impersonation)."""
+    """The API server's own answer (SubjectAccessReview through impersonation). `pods/exec` is a
+    subresource (kubectl would read "pods/exec" as the pod named exec)."""
+    kind, _, subresource = resource.partition("/")
+    extra = [f"--subresource={subresource}"] if subresource else []
     result = clients.kubectl(
-        "auth", "can-i", verb, resource, "-n", namespace, f"--as={subject}", check=False
+        "auth", "can-i", verb, kind, *extra, "-n", namespace, f"--as={subject}", check=False
     )
     assert result.stdout.strip() in ("yes", "no"), result.stdout + result.stderr
     return result.stdout.strip() == "yes"

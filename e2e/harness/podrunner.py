@@ -215,5 +215,7 @@ class PodRunner:
 
 
 def _base_env() -> dict[str, str]:
-    keep = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+    # PYTHONPATH: pod processes run the checkout under test, not whatever the venv installed.
+    keep = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "PYTHONPATH", "OPENBLAS_CORETYPE",
+            "OPENBLAS_L2_SIZE")  # fmt: skip
     return {key: os.environ[key] for key in keep if key in os.environ}

@@ -118,21 +118,25 @@ class ClientAuth:
 
 
 class EngineKey:
-    """The key the router sends to engines as `Authorization: Bearer KEY` (vLLM's --api-key)."""
+    """The key the router sends to engines as `Authorization: Bearer KEY` (vLLM's --api-key):
+    the first key of a file, or a fixed key."""
 
-    def __init__(self, key_file: KeyFile) -> None:
+    def __init__(self, key_file: KeyFile | None = None, key: str | None = None) -> None:
         self._file = key_file
+        self._fixed = (key,) if key else ()
         self._key: str | None = None
         self._header: tuple[str, str] | None = None
 
     @classmethod
     def from_config(cls, config: RouterConfig) -> EngineKey | None:
-        path = config.auth.engine_key_file
-        return cls(KeyFile(path)) if path else None
+        auth = config.auth
+        if auth.engine_key_file:
+            return cls(KeyFile(auth.engine_key_file))
+        return cls(key=auth.engine_key) if auth.engine_key else None
 
     def header(self) -> tuple[str, str] | None:
         """The Authorization header, or None while the key file holds no key."""
-        keys = self._file.keys()
+        keys = self._file.keys() if self._file is not None else self._fixed
         key = keys[0] if keys else None
         if key != self._key:
             self._key = key

@@ -106,6 +106,8 @@ class AuthConfig(_Strict):
     client_keys_file: str | None = Field(None, alias="clientKeysFile")
     # The key sent to every engine as `Authorization: Bearer KEY` (the engines' --api-key).
     engine_key_file: str | None = Field(None, alias="engineKeyFile")
+    # The same key given inline (`tandem up`, whose config file is private to its run directory).
+    engine_key: str | None = Field(None, alias="engineKey")
 
 
 class RouterConfig(_Strict):

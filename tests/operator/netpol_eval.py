@@ -83,18 +83,25 @@ def _port_matches(
     return False
 
 
+@dataclass(frozen=True)
+class Connection:
+    """A connection attempt: to `target` (whose named ports resolve a rule's ports) on a port."""
+
+    target: Endpoint
+    port: int
+    protocol: str
+
+
 def _allowed(
     policies: Iterable[Mapping[str, Any]],
-    subject: Endpoint,
-    other: Endpoint,
-    target: Endpoint,
-    port: int,
-    protocol: str,
+    ends: tuple[Endpoint, Endpoint],
+    connection: Connection,
     direction: str,
     namespaces: Mapping[str, Mapping[str, str]],
 ) -> bool:
-    """Whether `subject`'s policies of `direction` let traffic to/from `other` on the port of
-    `target` (the destination pod, whose named ports resolve the rule's ports)."""
+    """Whether the policies of `subject` (ends[0]) of `direction` let `connection` to or from
+    `other` (ends[1])."""
+    subject, other = ends
     if subject.namespace is None:
         return True  # outside the pod network: no policy applies
     kind = "Ingress" if direction == "ingress" else "Egress"
@@ -116,7 +123,9 @@ def _allowed(
                 for peer in peers
             ):
                 continue
-            if _port_matches(rule.get("ports"), target, port, protocol):
+            if _port_matches(
+                rule.get("ports"), connection.target, connection.port, connection.protocol
+            ):
                 return True
     return False
 
@@ -131,6 +140,7 @@ def reachable(
 ) -> bool:
     """Whether `source` may open a connection to `destination` on `port`."""
     spaces = namespaces or {}
-    return _allowed(
-        policies, source, destination, destination, port, protocol, "egress", spaces
-    ) and _allowed(policies, destination, source, destination, port, protocol, "ingress", spaces)
+    connection = Connection(destination, port, protocol)
+    return _allowed(policies, (source, destination), connection, "egress", spaces) and _allowed(
+        policies, (destination, source), connection, "ingress", spaces
+    )
