@@ -278,6 +278,11 @@ def test_operator_settings() -> None:
     )
     assert (peered.peering.standalone, peered.peering.name) == (False, "tandem")
     assert operator_main.parse_args(["-n", "a", "-n", "b"]).namespace == ["a", "b"]
+    # Exact namespaces (the chart's namespaced mode) never list the cluster's namespaces.
+    assert peered.scanning.disabled is True
+    assert settings.scanning.disabled is False
+    patterns = operator_main.operator_settings(operator_main.parse_args(["-n", "team-*"]))
+    assert patterns.scanning.disabled is False
 
 
 def test_handlers_register_without_finalizer_needs() -> None:
