@@ -306,6 +306,9 @@ def test_engine_key_secret_is_created_once_owned_and_recorded() -> None:
     recorded = kube.cluster()["status"]["engineKeySecret"]
     assert recorded == {"name": "m-engine-key", "uid": secret["metadata"]["uid"]}
     key = secret["stringData"]["api-key"]
+    first = kube.get("apps/v1", "Deployment", "ns", "m-decode")
+    annotations = first["spec"]["template"]["metadata"]["annotations"]  # type: ignore[index]
+    assert annotations["tandem.dev/engine-key-uid"] == recorded["uid"]  # no roll later for it
     run(kube, events)
     assert kube.get("v1", "Secret", "ns", "m-engine-key")["stringData"]["api-key"] == key  # type: ignore[index]
     decode = kube.get("apps/v1", "Deployment", "ns", "m-decode")
