@@ -60,6 +60,13 @@ def test_kubelet_style_symlink_swap_is_seen(tmp_path: Path) -> None:
     assert engine.header() == ("authorization", "Bearer new")
 
 
+def _wait_healthy(router: Router) -> None:
+    """The engine's /health is open (vLLM guards /v1 only): the router marks it healthy."""
+    deadline = time.monotonic() + 10
+    while httpx.get(router.url + "/health").status_code != 200 and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
 def _chat(url: str, key: str | None) -> httpx.Response:
     headers = {"authorization": f"Bearer {key}"} if key else {}
     body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
@@ -80,6 +87,7 @@ def test_router_admits_file_keys_rotates_them_and_sends_the_engine_key(tmp_path:
         ]
     )  # fmt: skip
     with running(engine, router):
+        _wait_healthy(router)
         assert _chat(engine.url, None).status_code == 401  # the engine alone is useless
         assert _chat(router.url, None).status_code == 401
         assert _chat(router.url, "mallory").status_code == 401
@@ -100,7 +108,5 @@ def test_router_without_the_engine_key_is_refused_by_the_engine() -> None:
     engine = Engine(None, extra=["--api-key", "engine-secret"])
     router = Router(["--worker", engine.url])
     with running(engine, router):
-        deadline = time.monotonic() + 10  # the engine's /health is open: it turns healthy
-        while httpx.get(router.url + "/health").status_code != 200 and time.monotonic() < deadline:
-            time.sleep(0.1)
+        _wait_healthy(router)
         assert _chat(router.url, None).status_code == 401
