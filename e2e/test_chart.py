@@ -117,16 +117,53 @@ def test_rbac_grants_what_the_operator_does_and_no_wildcards(offline_clients: Cl
     }
     granted = _granted(roles["tandem"]["rules"])
     assert not any("*" in verbs or "*" in key for key, verbs in granted.items())
+    external = {"HorizontalPodAutoscaler", "ScaledObject"}
     for api_version, kind in PRUNABLE_KINDS:
         group = api_version.rpartition("/")[0]
         verbs = granted.get((group, _plural(kind)), set())
-        assert {"create", "patch", "list", "delete"} <= verbs, f"{kind}: {verbs}"
+        if kind in external:
+            assert not verbs, f"{kind} granted although rbac.externalAutoscalers is off"
+        else:
+            assert {"create", "patch", "list", "delete"} <= verbs, f"{kind}: {verbs}"
     assert {"list", "watch", "patch"} <= granted[("tandem.dev", "servingclusters")]
     assert granted[("tandem.dev", "servingclusters/status")] == {"patch"}
     assert granted[("", "pods")] == {"get", "list", "watch"}
-    # Nothing the operator never touches: no Secrets, no cluster-scoped writes.
-    assert ("", "secrets") not in granted
+    # Secrets: created (the engine key, dry-run existence probes), never read.
+    assert granted[("", "secrets")] == {"create"}
     assert ("", "nodes") not in granted
+    assert ("", "pods/exec") not in granted
+
+
+def test_external_autoscaler_rules_only_when_enabled(offline_clients: Clients) -> None:
+    docs = template(offline_clients, "--set", "rbac.externalAutoscalers=true")
+    [role] = [r for r in by_kind(docs, "ClusterRole") if r["metadata"]["name"] == "tandem"]
+    granted = _granted(role["rules"])
+    assert {"create", "patch", "list", "delete"} <= granted[
+        ("autoscaling", "horizontalpodautoscalers")
+    ]
+    assert {"create", "patch", "list", "delete"} <= granted[("keda.sh", "scaledobjects")]
+
+
+@pytest.mark.parametrize("values", VALUE_SETS.values(), ids=VALUE_SETS.keys())
+def test_rendered_rules_are_the_rules_file(offline_clients: Clients, values: list[str]) -> None:
+    """The one source: every Role/ClusterRole of the operator carries exactly the rules of
+    files/operator-rules.yaml whose `when` value is on (the docs table is checked against the
+    same file by tests/operator/test_operator_permissions.py)."""
+    rules = yaml.safe_load((CHART / "files" / "operator-rules.yaml").read_text())["rules"]
+    switches = {"networkPolicies": True, "monitoring": True, "externalAutoscalers": False}
+    expected = [
+        {k: rule[k] for k in ("apiGroups", "resources", "verbs")}
+        for rule in rules
+        if not rule.get("when") or switches[rule["when"]]
+    ]
+    docs = template(offline_clients, *values)
+    operator_roles = [
+        r for r in by_kind(docs, "ClusterRole") + by_kind(docs, "Role")
+        if not r["metadata"]["name"].endswith("crd-reader")
+    ]  # fmt: skip
+    assert operator_roles
+    for role in operator_roles:
+        assert role["rules"] == expected, role["metadata"]
 
 
 def test_watching_namespaces_uses_roles_only(offline_clients: Clients) -> None:

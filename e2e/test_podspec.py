@@ -115,6 +115,38 @@ def test_router_pod_gets_its_configmap_as_a_file_bound_to_the_pod_ip() -> None:
     assert yaml.safe_load(plan.files["/s/config/router.yaml"])["host"] == "127.0.1.7"
 
 
+def test_router_secret_volumes_become_files_its_config_points_at() -> None:
+    objects = {
+        ("ConfigMap", "llama-router"): {
+            "router.yaml": "servedModelName: m\nauth:\n"
+            "  engineKeyFile: /var/run/tandem/engine-key/api-key\n"
+        },
+        ("Secret", "llama-engine-key"): {"api-key": "k1"},
+    }
+    container = {
+        "name": "router",
+        "command": ["tandem", "router"],
+        "args": ["--config", "/etc/tandem/router.yaml"],
+        "volumeMounts": [
+            {"name": "config", "mountPath": "/etc/tandem"},
+            {"name": "engine-key", "mountPath": "/var/run/tandem/engine-key"},
+        ],
+    }
+    volumes = [
+        {"name": "config", "configMap": {"name": "llama-router"}},
+        {"name": "engine-key", "secret": {"secretName": "llama-engine-key"}},
+    ]
+    plan = plan_pod(
+        pod(container, volumes=volumes),
+        lambda kind, ns, name: objects.get((kind, name)),
+        tandem="tandem",
+        scratch=PurePosixPath("/s"),
+    )
+    assert plan.files["/s/engine-key/api-key"] == "k1"
+    config = yaml.safe_load(plan.files["/s/config/router.yaml"])
+    assert config["auth"]["engineKeyFile"] == "/s/engine-key/api-key"
+
+
 def test_engine_listeners_bind_the_pod_ip() -> None:
     assert engine_args(["m", "--host=0.0.0.0", "--port", "8000"], "127.0.1.3") == [
         "m", "--port", "8000", "--host", "127.0.1.3", "--kv-events-bind-host", "127.0.1.3"

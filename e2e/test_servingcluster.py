@@ -22,6 +22,7 @@ from kubernetes import client as k8s
 from e2e.conftest import OPERATOR_NAMESPACE, wait_for_operator
 from e2e.harness.kube import eventually, gone, plain
 from e2e.harness.podrunner import PodRunner, RunningPod
+from e2e.harness.podspec import expand
 from e2e.harness.tools import Clients
 from tandem.operator.kube import PLURALS
 from tandem.operator.reconcile import PRUNABLE_KINDS
@@ -290,7 +291,12 @@ def test_engines_run_the_rendered_vllm_command_line(cluster: Cluster) -> None:
             # The emulator was given the pod's own arguments, in order, bound to the pod's IP.
             argv = process.plan.argv
             assert argv[1:2] == ["emulate"]
-            rendered = [a for a in container.args if a not in ("--host", "0.0.0.0")]
+            # $(VAR) references (the engine key) are expanded from the environment, as by a kubelet.
+            rendered = [
+                expand(a, process.plan.env)
+                for a in container.args
+                if a not in ("--host", "0.0.0.0")
+            ]
             given = [a for a in argv[2:] if a not in ("--host", process.ip)]
             assert given[: len(rendered)] == rendered
             assert process.plan.env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == process.ip

@@ -102,26 +102,28 @@ def container_env(
     return env
 
 
-def configmap_files(
+def volume_files(
     pod: Pod, container: Mapping[str, Any], objects: ObjectDataReader, root: PurePosixPath
 ) -> tuple[dict[str, str], dict[str, str]]:
-    """Files of the container's ConfigMap mounts under `root`, and mountPath -> local path."""
+    """Files of the container's ConfigMap and Secret mounts under `root`, and mountPath -> local
+    path."""
     namespace = pod["metadata"]["namespace"]
     volumes = {volume["name"]: volume for volume in pod["spec"].get("volumes") or []}
     files: dict[str, str] = {}
     mounts: dict[str, str] = {}
     for mount in container.get("volumeMounts") or []:
         volume = volumes.get(mount["name"], {})
-        source = volume.get("configMap")
-        if source is None:
+        if "configMap" in volume:
+            kind, source, name = "ConfigMap", volume["configMap"], volume["configMap"]["name"]
+        elif "secret" in volume:
+            kind, source, name = "Secret", volume["secret"], volume["secret"]["secretName"]
+        else:
             continue  # emptyDir, /dev/shm and the like need nothing here
-        data = objects("ConfigMap", namespace, source["name"])
+        data = objects(kind, namespace, name)
         if data is None:
             if source.get("optional"):
                 continue
-            raise UnsupportedPod(
-                f"ConfigMap {source['name']} mounted at {mount['mountPath']} is missing"
-            )
+            raise UnsupportedPod(f"{kind} {name} mounted at {mount['mountPath']} is missing")
         local = root / mount["name"]
         items = source.get("items")
         chosen = (
@@ -171,14 +173,18 @@ def _bind_pod_ip(args: Sequence[str], pod_ip: str) -> list[str]:
 
 
 def bind_router_config(
-    files: Mapping[str, str], args: Sequence[str], pod_ip: str
+    files: Mapping[str, str], args: Sequence[str], pod_ip: str, mounts: Mapping[str, str]
 ) -> dict[str, str]:
-    """The router's mounted config with `host` set to the pod's IP (the image listens on 0.0.0.0)."""
+    """The router's mounted config with `host` set to the pod's IP (the image listens on 0.0.0.0)
+    and the key files it names moved to where their Secret volumes are on this machine."""
     out = dict(files)
     for flag, value in itertools.pairwise(args):
         if flag == "--config" and value in out:
             config = yaml.safe_load(out[value]) or {}
             config["host"] = pod_ip
+            auth = config.get("auth") or {}
+            for key, path in auth.items():
+                auth[key] = _map_mount_paths(path, mounts)
             out[value] = yaml.safe_dump(config, sort_keys=False)
     return out
 
@@ -197,7 +203,7 @@ def plan_pod(
         raise UnsupportedPod(f"pod {pod['metadata']['name']} has no IP yet")
     container = pod["spec"]["containers"][0]
     env = container_env(pod, container, objects)
-    files, mounts = configmap_files(pod, container, objects, scratch)
+    files, mounts = volume_files(pod, container, objects, scratch)
     command = [expand(part, env) for part in container.get("command") or []]
     args = [_map_mount_paths(expand(part, env), mounts) for part in container.get("args") or []]
     if command[:2] == ["vllm", "serve"]:
@@ -206,7 +212,7 @@ def plan_pod(
     elif command[:2] == ["tandem", "router"]:
         argv = [tandem, *command[1:], *_bind_pod_ip(args, pod_ip)]
         role = "router"
-        files = bind_router_config(files, args, pod_ip)
+        files = bind_router_config(files, args, pod_ip, mounts)
     elif command[:1] == ["tandem"]:
         argv = [tandem, *command[1:], *_bind_pod_ip(args, pod_ip)]
         role = command[1] if len(command) > 1 else "tandem"

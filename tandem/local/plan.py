@@ -9,6 +9,7 @@ pod IP becomes 127.0.0.1, and the router discovers engines from a static list in
 from __future__ import annotations
 
 import json
+import secrets
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -16,7 +17,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 from tandem.operator.api import ServingCluster, pool_replicas
-from tandem.operator.render import disaggregated, rendered_roles, router_config, vllm_args, vllm_env
+from tandem.operator.render import (
+    ENGINE_KEY_ENV,
+    disaggregated,
+    rendered_roles,
+    router_config,
+    vllm_args,
+    vllm_env,
+)
 from tandem.router.config import RouterConfig, StaticDiscovery, StaticEndpoint
 from tandem.router.fallback_tokenizer import FALLBACK_TOKENIZER
 
@@ -129,6 +137,10 @@ def localize_args(
     return local
 
 
+# Variables that describe the pod's filesystem and network layout, not this machine's.
+CONTAINER_ONLY_ENV = frozenset({"HOME", "USER", "UCX_TCP_PORT_RANGE"})
+
+
 def localize_env(
     env: Sequence[Mapping[str, Any]], name: str, side_channel_port: int, environ: Mapping[str, str]
 ) -> dict[str, str]:
@@ -141,6 +153,8 @@ def localize_env(
     result = dict(environ)
     for var in env:
         key = str(var["name"])
+        if key in CONTAINER_ONLY_ENV:
+            continue
         if "value" in var:
             result[key] = str(var["value"])
             continue
@@ -194,6 +208,9 @@ def build_plan(
     engines: list[ProcessSpec] = []
     notes: list[str] = []
     pd = disaggregated(sc)
+    # The engine key Secret of a cluster: here one random key per run, given to each engine and
+    # to the router (whose config stays in the run directory).
+    engine_key = secrets.token_urlsafe(32) if sc.spec.router.auth.engine_key else None
     for role in rendered_roles(sc):
         override = options.prefill_replicas if role == "prefill" else options.decode_replicas
         replicas = pool_replicas(sc, role) if override is None else override
@@ -206,6 +223,9 @@ def build_plan(
             port, events, replay, side = free_port(), free_port(), free_port(), free_port()
             args = localize_args(vllm_args(sc, role), port, events, replay)
             env = localize_env(vllm_env(sc, role), name, side, environ)
+            if engine_key:
+                env[ENGINE_KEY_ENV] = engine_key
+                args = [a.replace(f"$({ENGINE_KEY_ENV})", engine_key) for a in args]
             has_events = _flag_value(args, "--kv-events-config") is not None
             engines.append(
                 ProcessSpec(
@@ -232,12 +252,15 @@ def build_plan(
         prefill=endpoints("prefill"), decode=endpoints("decode"), workers=endpoints("worker")
     )
     rendered = router_config(sc).model_dump(
-        by_alias=True, exclude={"kubernetes", "static", "host", "port"}
+        by_alias=True, exclude={"kubernetes", "static", "host", "port", "auth"}
     )
+    if sc.spec.router.auth.client_keys_secret:
+        notes.append("router.auth.clientKeysSecret is a cluster Secret: the local router is open")
     config = RouterConfig.model_validate(
         rendered
         | {"host": LOCALHOST, "port": options.router_port, "static": static}
         | {"tokenizer": rendered["tokenizer"] or engines_tokenizer(sc, options)}
+        | {"auth": {"engineKey": engine_key}}
     )
     config_path = run_dir / "router.yaml"
     router = ProcessSpec(

@@ -334,6 +334,14 @@ class PoolSpec(_Model):
     """Rolling-update limits of this pool."""
     termination_grace_period_seconds: int = Field(120, ge=0, alias="terminationGracePeriodSeconds")
     """Time a pod gets to finish in-flight requests after SIGTERM."""
+    security_context: dict[str, Any] | None = Field(None, alias="securityContext")
+    """A core/v1 SecurityContext of the vLLM container, merged over Tandem's default (non-root uid
+    1000, no privilege escalation, every capability dropped, read-only root filesystem, seccomp
+    RuntimeDefault): keys given here replace the default's (e.g. capabilities: {add: [IPC_LOCK],
+    drop: [ALL]} for RDMA, which then needs a namespace allowing it)."""
+    pod_security_context: dict[str, Any] | None = Field(None, alias="podSecurityContext")
+    """A core/v1 PodSecurityContext of this pool's pods, merged over Tandem's default (runAsNonRoot,
+    uid/gid/fsGroup 1000, seccomp RuntimeDefault)."""
 
 
 class ScoringSpec(_Model):
@@ -401,6 +409,29 @@ class RouterServiceSpec(_Model):
     """Annotations of the Service (e.g. for a cloud load balancer)."""
 
 
+class ClientKeysSecret(_Model):
+    """A Secret holding the API keys clients present to the router (`Authorization: Bearer KEY`)."""
+
+    name: str = Field(min_length=1)
+    """Secret name (in the ServingCluster's namespace; never created or deleted by Tandem)."""
+    key: str = Field("api-keys", min_length=1)
+    """Key inside the Secret: one API key per line (blank lines and lines starting with # are
+    ignored). The router re-reads it when the kubelet updates the mounted Secret, so keys are added
+    and revoked without a restart (within the kubelet's sync period, about a minute)."""
+
+
+class RouterAuthSpec(_Model):
+    """Who may call the router, and the key the router presents to the engines."""
+
+    client_keys_secret: ClientKeysSecret | None = Field(None, alias="clientKeysSecret")
+    """Client API keys; unset, the router serves anyone who reaches it (the NetworkPolicy then
+    decides who that is)."""
+    engine_key: bool = Field(True, alias="engineKey")
+    """Generate a random engine API key (Secret `<name>-engine-key`, owned by the ServingCluster):
+    every engine runs with `--api-key` from it and the router sends it on every request, so an
+    engine's OpenAI endpoints are useless to anyone who reaches its pod IP without the key."""
+
+
 class RouterSpec(_Model):
     """The KV-aware router in front of the pools."""
 
@@ -446,6 +477,13 @@ class RouterSpec(_Model):
     """Extra annotations on router pods."""
     service: RouterServiceSpec = Field(default_factory=RouterServiceSpec)
     """The router Service."""
+    auth: RouterAuthSpec = Field(default_factory=RouterAuthSpec)
+    """Client API keys of the router and the engine key between router and engines."""
+    security_context: dict[str, Any] | None = Field(None, alias="securityContext")
+    """A core/v1 SecurityContext of the router container, merged over Tandem's default (which
+    passes the "restricted" Pod Security Standard)."""
+    pod_security_context: dict[str, Any] | None = Field(None, alias="podSecurityContext")
+    """A core/v1 PodSecurityContext of the router pods, merged over Tandem's default."""
 
 
 _MIN_LE_MAX = CrossFieldRule(
@@ -534,14 +572,64 @@ class MonitoringSpec(_Model):
     """Extra labels on the monitors (to match a Prometheus' selector, e.g. release: prometheus)."""
 
 
-class NetworkPolicySpec(_Model):
-    """An optional NetworkPolicy per component."""
+class EgressTarget(_Model):
+    """Destinations (core/v1 NetworkPolicyPeers) and TCP ports a component may open connections to."""
 
-    enabled: bool = False
-    """Render NetworkPolicies: engines accept traffic only from this cluster's pods and the peers
-    below; the router accepts its port from the peers below (or everyone when none)."""
+    to: list[dict[str, Any]] = Field(default_factory=list)
+    """NetworkPolicyPeers (podSelector, namespaceSelector, ipBlock); empty = nowhere."""
+    ports: list[int] = Field(default_factory=list)
+    """TCP ports."""
+
+
+def _everywhere(*ports: int) -> EgressTarget:
+    return EgressTarget(to=[{"ipBlock": {"cidr": "0.0.0.0/0"}}], ports=list(ports))
+
+
+class PrometheusPeer(_Model):
+    """Where Prometheus runs: it may scrape the router's and the engines' metrics port."""
+
+    namespace_selector: dict[str, Any] = Field(
+        default_factory=lambda: {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+        alias="namespaceSelector",
+    )
+    """LabelSelector of Prometheus' namespaces. The default names the namespace `monitoring` by
+    `kubernetes.io/metadata.name`, a label the API server sets and nobody can forge."""
+    pod_selector: dict[str, Any] | None = Field(None, alias="podSelector")
+    """LabelSelector of the Prometheus pods inside those namespaces; unset = every pod there."""
+
+
+class NetworkPolicySpec(_Model):
+    """NetworkPolicies per component, written from the traffic Tandem really has; everything else
+    in and out of the cluster's pods is denied (docs/security.md has the matrix)."""
+
+    enabled: bool = True
+    """Render the NetworkPolicies (they take effect where the network plugin enforces them)."""
     allow_from: list[dict[str, Any]] = Field(default_factory=list, alias="allowFrom")
-    """core/v1 NetworkPolicyPeers allowed in (clients of the router, Prometheus to engines)."""
+    """core/v1 NetworkPolicyPeers that may call the router (its clients); empty = anyone. Engines
+    never accept traffic from these."""
+    prometheus: PrometheusPeer = Field(default_factory=PrometheusPeer)
+    """Prometheus, allowed to the metrics port of router and engines."""
+    dns: list[dict[str, Any]] = Field(
+        default_factory=lambda: [
+            {
+                "namespaceSelector": {
+                    "matchLabels": {"kubernetes.io/metadata.name": "kube-system"}
+                },
+                "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
+            }
+        ]
+    )
+    """NetworkPolicyPeers of the cluster DNS (port 53, UDP and TCP); default kube-dns/CoreDNS."""
+    api_server: EgressTarget = Field(
+        default_factory=lambda: _everywhere(443, 6443), alias="apiServer"
+    )
+    """The Kubernetes API, which the router watches for engine pods. The API server is not a pod,
+    so no selector names it: narrow `to` to its address blocks (an ipBlock) where known."""
+    model_download: EgressTarget = Field(
+        default_factory=lambda: _everywhere(443), alias="modelDownload"
+    )
+    """Where engines download weights (the Hugging Face Hub over HTTPS by default). Not rendered
+    when the model cache is mounted read-only (engines are offline then); `to: []` denies it."""
 
 
 class ServingClusterSpec(_Model):
@@ -564,7 +652,7 @@ class ServingClusterSpec(_Model):
     network_policy: NetworkPolicySpec = Field(
         default_factory=NetworkPolicySpec, alias="networkPolicy"
     )
-    """NetworkPolicies."""
+    """NetworkPolicies (on by default)."""
     image_pull_secrets: list[str] = Field(default_factory=list, alias="imagePullSecrets")
     """Names of docker-registry Secrets used to pull engine and router images."""
     service_account_name: str | None = Field(None, alias="serviceAccountName")
@@ -649,6 +737,16 @@ class AutoscalingStatus(_Status):
     """Decode decision."""
 
 
+class GeneratedSecret(_Status):
+    """A Secret the operator created for the ServingCluster (it never reads one back)."""
+
+    name: str
+    """Secret name."""
+    uid: str
+    """The uid the API server gave it at creation: a same-named Secret with another uid (or one
+    that existed before) is not Tandem's."""
+
+
 class ServingClusterStatus(_Status):
     """Observed state, written by the operator."""
 
@@ -668,6 +766,8 @@ class ServingClusterStatus(_Status):
     """Ready, Progressing, Degraded, ScalingLimited."""
     autoscaling: AutoscalingStatus | None = None
     """Autoscaler decisions."""
+    engine_key_secret: GeneratedSecret | None = Field(None, alias="engineKeySecret")
+    """The engine API key Secret the operator generated."""
 
 
 class ObjectMeta(BaseModel):

@@ -126,32 +126,19 @@ ServingCluster so that deleting it garbage-collects them; PVCs and Secrets are o
 |---|---|---|
 | `Ready` | every pool has all desired pods ready on the current spec | `AllPodsReady`, `PodsStarting`, `PodsNotReady`, `SpecNotApplied`, `InvalidSpec` |
 | `Progressing` | a pool is rolling out a new spec or starting pods (scale-up, a replaced pod) | `Applying`, `RollingOut`, `PodsStarting`, `RolloutComplete`, `ProgressDeadlineExceeded` |
-| `Degraded` | an apply failed, a rollout failed, or a rolled-out pool fell below minimum availability | `ApplyFailed`, `RolloutFailed`, `PodsUnavailable`, `InvalidSpec`, `AsExpected` |
+| `Degraded` | an apply failed, a rollout failed, a rolled-out pool fell below minimum availability, an object of a rendered name is not Tandem's, a referenced Secret or PVC is missing, or a reconcile raised | `ApplyFailed`, `RolloutFailed`, `PodsUnavailable`, `InvalidSpec`, `Conflict`, `DependencyMissing`, `ReconcileFailed`, `AsExpected` |
 | `ScalingLimited` | the autoscaler wanted more pods than a limit allows (written by the autoscaler) | `AutoscalingDisabled` when off; the autoscaler's reasons when on (docs/autoscaling.md) |
-| `MetricsUnavailable` | the autoscaler could not read Prometheus (written by the autoscaler, only while on) | see docs/autoscaling.md |
+| `MetricsUnavailable` | the autoscaler could not read Prometheus, or read a malformed or non-finite value (written by the autoscaler, only while on) | see docs/autoscaling.md |
+| `ScalingActive` | the autoscaler's last evaluation completed (False: it raised; sizes are held) | `Evaluated`, `EvaluationFailed` |
 
 `status.phase` is `Pending` (no pod ready yet), `Progressing`, `Ready` or `Degraded`.
 
 ## Permissions the operator needs
 
-`tandem operator` uses server-side apply (field manager `tandem-operator`) and kopf with the
-finalizer `tandem.dev/finalizer` and annotations under `tandem.dev/`. Its ServiceAccount needs:
-
-| API group | Resources | Verbs |
-|---|---|---|
-| `tandem.dev` | `servingclusters` | get, list, watch, patch, update |
-| `tandem.dev` | `servingclusters/status` | get, patch, update |
-| `apps` | `deployments` | get, list, watch, create, patch, update, delete |
-| `""` | `services`, `configmaps`, `serviceaccounts` | get, list, watch, create, patch, update, delete |
-| `""` | `pods` | get, list, watch (granted on to the router's Role, so the operator must hold it) |
-| `""`, `events.k8s.io` | `events` | create, patch |
-| `rbac.authorization.k8s.io` | `roles`, `rolebindings` | get, list, watch, create, patch, update, delete |
-| `policy` | `poddisruptionbudgets` | get, list, watch, create, patch, update, delete |
-| `networking.k8s.io` | `networkpolicies` | get, list, watch, create, patch, update, delete |
-| `monitoring.coreos.com` | `servicemonitors`, `podmonitors` | get, list, watch, create, patch, update, delete |
-| `apiextensions.k8s.io` | `customresourcedefinitions` | get, list, watch (kopf's resource discovery) |
-| `""` | `namespaces` | get, list, watch (kopf, when watching several namespaces) |
-| `kopf.dev` | `clusterkopfpeerings`, `kopfpeerings` | get, list, watch, patch (only with `--peering`) |
+The chart grants them from one file, `charts/tandem/files/operator-rules.yaml`, in a cluster mode
+(ClusterRole) or a namespaced mode (a Role per watched namespace); docs/security.md lists them in
+a table that a test keeps equal to that file. The operator never reads Secrets (it may only create
+them), and no handler needs a finalizer, so deleting a ServingCluster never waits for it.
 """
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import secrets
 import sys
 from typing import Any
 
@@ -12,7 +13,7 @@ import yaml
 from tandem.operator.api import ManifestError, load_manifest
 from tandem.operator.apidoc import api_reference_markdown
 from tandem.operator.crd import crd_yaml, custom_resource_definition
-from tandem.operator.render import render
+from tandem.operator.render import engine_key_secret, render
 
 
 def _dump(objects: list[dict[str, Any]], output: str) -> str:
@@ -43,7 +44,11 @@ def render_main(argv: list[str]) -> int:
         return 1
     if args.namespace and "namespace" not in sc.metadata.model_fields_set:
         sc.metadata.namespace = args.namespace
-    sys.stdout.write(_dump(render(sc), args.output))
+    objects = render(sc)
+    if sc.spec.router.auth.engine_key:
+        # The operator generates this once per object; a printed manifest gets a fresh key.
+        objects.insert(0, engine_key_secret(sc, secrets.token_urlsafe(32)))
+    sys.stdout.write(_dump(objects, args.output))
     return 0
 
 

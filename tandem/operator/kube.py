@@ -35,6 +35,8 @@ PLURALS: dict[str, str] = {
     "ServingCluster": "servingclusters",
     "Pod": "pods",
     "Event": "events",
+    "Secret": "secrets",
+    "PersistentVolumeClaim": "persistentvolumeclaims",
 }
 
 
@@ -49,6 +51,10 @@ class KubeError(Exception):
 
 
 class NotFound(KubeError):
+    pass
+
+
+class AlreadyExists(KubeError):
     pass
 
 
@@ -127,6 +133,20 @@ class Kube:
         )
         return result
 
+    def create(self, obj: dict[str, Any], dry_run: bool = False) -> dict[str, Any] | None:
+        """POST a new object; None when one of that name exists already (nothing is read).
+
+        A dry run tells whether the name is taken with only the `create` permission: the answer
+        is the object as sent, or AlreadyExists, never the stored object."""
+        meta = obj["metadata"]
+        path = collection_path(obj["apiVersion"], obj["kind"], meta["namespace"])
+        query = [("fieldManager", FIELD_MANAGER)] + ([("dryRun", "All")] if dry_run else [])
+        try:
+            result: dict[str, Any] = self.request("POST", path, query, obj)
+        except AlreadyExists:
+            return None
+        return result
+
     def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         try:
             result: dict[str, Any] = self.request(
@@ -191,5 +211,7 @@ def _error(status: int, text: str) -> KubeError:
         reason, message = body.get("reason", ""), body.get("message", text)
     except ValueError:
         pass
-    cls = NotFound if status == 404 else KubeError
+    cls = {404: NotFound}.get(status, KubeError)
+    if status == 409 and reason == "AlreadyExists":
+        cls = AlreadyExists
     return cls(status, reason, message)

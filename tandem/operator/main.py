@@ -76,6 +76,11 @@ def operator_settings(args: argparse.Namespace) -> kopf.OperatorSettings:
     settings.networking.request_timeout = 60
     settings.execution.max_workers = args.workers
     settings.posting.level = logging.INFO
+    if args.namespace and not any(set(ns) & set("*?!,") for ns in args.namespace):
+        # Exact namespaces only (the chart's namespaced mode): nothing to discover, so kopf must
+        # not list every namespace of the cluster, which that install is not allowed to do.
+        # CRDs are then read once at start-up instead of watched.
+        settings.scanning.disabled = True
     settings.peering.standalone = args.peering is None
     if args.peering:
         settings.peering.name = args.peering

@@ -23,6 +23,7 @@ from tandem.operator.api import (
 )
 from tandem.router.config import (
     AdmissionConfig,
+    AuthConfig,
     DisaggregationConfig,
     KubernetesDiscovery,
     RouterConfig,
@@ -39,6 +40,9 @@ HTTP_PORT = 8000
 KV_EVENTS_PORT = 5557
 KV_REPLAY_PORT = 5558
 NIXL_SIDE_CHANNEL_PORT = 5600
+# UCX's TCP transport listens on a port from this range (UCX_TCP_PORT_RANGE) instead of an
+# ephemeral one, so a NetworkPolicy can name the NIXL transfer ports.
+NIXL_TRANSFER_PORTS = (5601, 5699)
 KV_EVENTS_TOPIC = "kv-events"
 ROUTER_PORT = 8000
 ROUTER_CONFIG_DIR = "/etc/tandem"
@@ -53,8 +57,18 @@ LABEL_CLUSTER = "tandem.dev/cluster"
 LABEL_ROLE = "tandem.dev/role"
 MANAGED_BY = "tandem-operator"
 ANNOTATION_CONFIG_HASH = "tandem.dev/config-hash"
+# uid of the engine key Secret on pod templates: a replaced Secret (a new key) rolls the pods.
+ANNOTATION_ENGINE_KEY = "tandem.dev/engine-key-uid"
 ENGINE_CONTAINER = "vllm"
 ROUTER_CONTAINER = "router"
+# The engine API key: a Secret the operator generates, owned by the ServingCluster.
+ENGINE_KEY_SECRET_KEY = "api-key"
+ENGINE_KEY_ENV = "VLLM_API_KEY"
+ROUTER_CLIENT_KEYS_DIR = "/var/run/tandem/client-keys"
+ROUTER_ENGINE_KEY_DIR = "/var/run/tandem/engine-key"
+ENGINE_UID = 1000
+ROUTER_UID = 65532
+ENGINE_HOME = "/home/vllm"
 
 
 def child_name(sc: ServingCluster, suffix: str) -> str:
@@ -162,6 +176,9 @@ def vllm_args(sc: ServingCluster, role: EngineRole) -> list[str]:
     ]  # fmt: skip
     if disaggregated(sc):
         args += ["--kv-transfer-config", _compact_json(kv_transfer_config(sc, role))]
+    if spec.router.auth.engine_key:
+        # Expanded by the kubelet from the Secret-backed variable; the pod spec never holds the key.
+        args += ["--api-key", f"$({ENGINE_KEY_ENV})"]
     if pool.max_num_seqs is not None:
         args += ["--max-num-seqs", str(pool.max_num_seqs)]
     if model.max_model_len is not None:
@@ -223,11 +240,19 @@ def vllm_env(sc: ServingCluster, role: EngineRole) -> list[dict[str, Any]]:
         },
         {"name": "VLLM_NIXL_SIDE_CHANNEL_PORT", "value": str(NIXL_SIDE_CHANNEL_PORT)},
     ]
+    if disaggregated(sc):
+        low, high = NIXL_TRANSFER_PORTS
+        base.append({"name": "UCX_TCP_PORT_RANGE", "value": f"{low}-{high}"})
+    # A writable home for vLLM's, Triton's and torch's caches under a read-only root filesystem.
+    base += [{"name": "HOME", "value": ENGINE_HOME}, {"name": "USER", "value": "vllm"}]
     if spec.model.hf_token_secret:
         ref = spec.model.hf_token_secret
         base.append(
             {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
         )
+    if spec.router.auth.engine_key:
+        secret = {"name": engine_key_secret_name(sc), "key": ENGINE_KEY_SECRET_KEY}
+        base.append({"name": ENGINE_KEY_ENV, "valueFrom": {"secretKeyRef": secret}})
     if spec.model.cache:
         base.append({"name": "HF_HOME", "value": f"{spec.model.cache.mount_path}/huggingface"})
         if spec.model.cache.read_only:
@@ -314,9 +339,15 @@ def _engine_volumes(
     engine: EngineSpec, sc: ServingCluster
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     volumes: list[dict[str, Any]] = [
-        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": str(engine.shm_size)}}
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": str(engine.shm_size)}},
+        {"name": "tmp", "emptyDir": {}},
+        {"name": "home", "emptyDir": {}},
     ]
-    mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    mounts: list[dict[str, Any]] = [
+        {"name": "dshm", "mountPath": "/dev/shm"},
+        {"name": "tmp", "mountPath": "/tmp"},
+        {"name": "home", "mountPath": ENGINE_HOME},
+    ]
     cache = sc.spec.model.cache
     if cache:
         volumes.append(
@@ -353,9 +384,11 @@ def engine_deployment(sc: ServingCluster, role: EngineRole) -> dict[str, Any]:
         "volumeMounts": mounts,
         # A crashed engine's last log lines become the container's termination message.
         "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": container_security_context(ENGINE_UID, pool.security_context),
         **engine_probes(probes),
     }
     pod_spec: dict[str, Any] = {
+        "securityContext": pod_security_context(ENGINE_UID, pool.pod_security_context),
         "containers": [container],
         "volumes": volumes,
         # Service links would inject e.g. VLLM_PORT for a Service named "vllm", which vLLM misreads.
@@ -373,8 +406,9 @@ def engine_deployment(sc: ServingCluster, role: EngineRole) -> dict[str, Any]:
     if pool.priority_class_name:
         pod_spec["priorityClassName"] = pool.priority_class_name
     template_meta: dict[str, Any] = {"labels": {**role_labels(sc, role), **pool.pod_labels}}
-    if pool.pod_annotations:
-        template_meta["annotations"] = dict(pool.pod_annotations)
+    annotations = {**pool.pod_annotations, **engine_key_annotation(sc)}
+    if annotations:
+        template_meta["annotations"] = annotations
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -459,6 +493,7 @@ def router_config(sc: ServingCluster) -> RouterConfig:
         ),
         metrics_scrape_interval_s=router.metrics_scrape_interval_seconds,
         log_level=router.log_level,
+        auth=router_auth_config(sc),
     )
 
 
@@ -509,6 +544,7 @@ def config_hash(config_map: dict[str, Any]) -> str:
 def router_deployment(sc: ServingCluster) -> dict[str, Any]:
     router = sc.spec.router
     name = child_name(sc, "router")
+    volumes, mounts = router_volumes(sc)
     http_probe = {"httpGet": {"path": "/health", "port": "http"}, "timeoutSeconds": 3}
     container: dict[str, Any] = {
         "name": ROUTER_CONTAINER,
@@ -518,7 +554,7 @@ def router_deployment(sc: ServingCluster) -> dict[str, Any]:
         "args": ["--config", f"{ROUTER_CONFIG_DIR}/{ROUTER_CONFIG_KEY}"],
         "ports": [{"name": "http", "containerPort": ROUTER_PORT, "protocol": "TCP"}],
         "resources": router.resources.model_dump(by_alias=True),
-        "volumeMounts": [{"name": "config", "mountPath": ROUTER_CONFIG_DIR, "readOnly": True}],
+        "volumeMounts": mounts,
         "readinessProbe": {**http_probe, "periodSeconds": 5, "failureThreshold": 3},
         "livenessProbe": {
             **http_probe,
@@ -526,20 +562,14 @@ def router_deployment(sc: ServingCluster) -> dict[str, Any]:
             "failureThreshold": 6,
             "initialDelaySeconds": 10,
         },
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "runAsNonRoot": True,
-            "runAsUser": 65532,
-            "capabilities": {"drop": ["ALL"]},
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": container_security_context(ROUTER_UID, router.security_context),
     }
     if router.env:
         container["env"] = _env_dicts(router.env)
     annotations = {
         **router.pod_annotations,
         ANNOTATION_CONFIG_HASH: config_hash(router_config_map(sc)),
+        **engine_key_annotation(sc),
     }
     return {
         "apiVersion": "apps/v1",
@@ -560,8 +590,11 @@ def router_deployment(sc: ServingCluster) -> dict[str, Any]:
                 },
                 "spec": {
                     "serviceAccountName": name,
+                    "securityContext": pod_security_context(
+                        ROUTER_UID, router.pod_security_context
+                    ),
                     "containers": [container],
-                    "volumes": [{"name": "config", "configMap": {"name": name}}],
+                    "volumes": volumes,
                     "terminationGracePeriodSeconds": 30,
                     **_pull_secrets(sc),
                     **_placement(router.node_selector, router.tolerations, router.affinity),
@@ -641,41 +674,223 @@ def monitors(sc: ServingCluster) -> list[dict[str, Any]]:
     ]
 
 
+def _pods(sc: ServingCluster, *roles: Role) -> dict[str, Any]:
+    """A peer: this cluster's pods of `roles`, in its own namespace."""
+    if len(roles) == 1:
+        return {"podSelector": {"matchLabels": selector_labels(sc, roles[0])}}
+    return {
+        "podSelector": {
+            "matchLabels": {LABEL_CLUSTER: sc.name},
+            "matchExpressions": [{"key": LABEL_ROLE, "operator": "In", "values": list(roles)}],
+        }
+    }
+
+
+def _tcp(*ports: int | str) -> list[dict[str, Any]]:
+    return [{"port": port, "protocol": "TCP"} for port in ports]
+
+
+def _nixl_ports() -> list[dict[str, Any]]:
+    low, high = NIXL_TRANSFER_PORTS
+    return [*_tcp(NIXL_SIDE_CHANNEL_PORT), {"port": low, "endPort": high, "protocol": "TCP"}]
+
+
+def _prometheus_peer(sc: ServingCluster) -> dict[str, Any]:
+    prometheus = sc.spec.network_policy.prometheus
+    peer: dict[str, Any] = {"namespaceSelector": prometheus.namespace_selector}
+    if prometheus.pod_selector is not None:
+        peer["podSelector"] = prometheus.pod_selector
+    return peer
+
+
+def _dns_egress(sc: ServingCluster) -> list[dict[str, Any]]:
+    dns = sc.spec.network_policy.dns
+    if not dns:
+        return []
+    ports = [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]
+    return [{"to": dns, "ports": ports}]
+
+
+def _egress_to(to: list[dict[str, Any]], ports: list[int]) -> list[dict[str, Any]]:
+    return [{"to": to, "ports": _tcp(*ports)}] if to and ports else []
+
+
+def _policy(
+    sc: ServingCluster,
+    name: str,
+    role: Role | None,
+    selector: dict[str, Any],
+    ingress: list[dict[str, Any]],
+    egress: list[dict[str, Any]],
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _meta(sc, name, role),
+        "spec": {
+            "podSelector": selector,
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": ingress,
+            "egress": egress,
+        },
+    }
+
+
 def network_policies(sc: ServingCluster) -> list[dict[str, Any]]:
-    """Engines: anything from this cluster's pods (router, and NIXL/UCX between engines, which uses
-    ports of its own), plus the http port from `allowFrom`. Router: its port from `allowFrom`, or
-    from everyone when that list is empty."""
-    allow_from = sc.spec.network_policy.allow_from
-    engine_rules: list[dict[str, Any]] = [
-        {"from": [{"podSelector": {"matchLabels": {LABEL_CLUSTER: sc.name}}}]}
+    """One policy per component, each selecting its pods for ingress and egress, so anything not
+    listed here is denied (docs/security.md shows the matrix):
+
+    - router  in:  http from `allowFrom` (anyone when empty) and from Prometheus;
+              out: engines' http, kv-events and kv-replay; DNS; the API server (pod discovery);
+    - engine  in:  http, kv-events, kv-replay from this cluster's router; http from Prometheus;
+                   NIXL side channel and transfer ports from the other pool of this cluster;
+              out: NIXL ports of the other pool; DNS; model download (unless the cache is
+                   read-only).
+    A pod is named by its cluster and role labels within the namespace; what that can and cannot
+    prove is in docs/security.md.
+    """
+    policy = sc.spec.network_policy
+    prometheus = _prometheus_peer(sc)
+    router_in: dict[str, Any] = {"ports": _tcp("http")}
+    if policy.allow_from:
+        router_in["from"] = policy.allow_from
+    router_ingress = [router_in]
+    if policy.allow_from:
+        router_ingress.append({"from": [prometheus], "ports": _tcp("http")})
+    engine_ports = _tcp(HTTP_PORT, KV_EVENTS_PORT, KV_REPLAY_PORT)
+    router_egress = [
+        {"to": [_pods(sc, *rendered_roles(sc))], "ports": engine_ports},
+        *_dns_egress(sc),
+        *_egress_to(policy.api_server.to, policy.api_server.ports),
     ]
-    if allow_from:
-        engine_rules.append({"from": allow_from, "ports": [{"port": "http", "protocol": "TCP"}]})
-    router_rule: dict[str, Any] = {"ports": [{"port": "http", "protocol": "TCP"}]}
-    if allow_from:
-        router_rule["from"] = allow_from
-    return [
-        {
-            "apiVersion": "networking.k8s.io/v1",
-            "kind": "NetworkPolicy",
-            "metadata": _meta(sc, child_name(sc, "engines"), None),
-            "spec": {
-                "podSelector": _engine_selector(sc),
-                "policyTypes": ["Ingress"],
-                "ingress": engine_rules,
-            },
-        },
-        {
-            "apiVersion": "networking.k8s.io/v1",
-            "kind": "NetworkPolicy",
-            "metadata": _meta(sc, child_name(sc, "router"), "router"),
-            "spec": {
-                "podSelector": {"matchLabels": selector_labels(sc, "router")},
-                "policyTypes": ["Ingress"],
-                "ingress": [router_rule],
-            },
-        },
+    objects = [
+        _policy(
+            sc,
+            child_name(sc, "router"),
+            "router",
+            {"matchLabels": selector_labels(sc, "router")},
+            router_ingress,
+            router_egress,
+        )
     ]
+    cache = sc.spec.model.cache
+    offline = cache is not None and cache.read_only
+    for role in rendered_roles(sc):
+        ingress: list[dict[str, Any]] = [
+            {"from": [_pods(sc, "router")], "ports": _tcp("http", "kv-events", "kv-replay")},
+            {"from": [prometheus], "ports": _tcp("http")},
+        ]
+        egress: list[dict[str, Any]] = []
+        if disaggregated(sc):
+            peer = _pods(sc, "decode" if role == "prefill" else "prefill")
+            ingress.append({"from": [peer], "ports": _nixl_ports()})
+            egress.append({"to": [peer], "ports": _nixl_ports()})
+        egress += _dns_egress(sc)
+        if not offline:
+            egress += _egress_to(policy.model_download.to, policy.model_download.ports)
+        objects.append(
+            _policy(
+                sc,
+                child_name(sc, role),
+                role,
+                {"matchLabels": selector_labels(sc, role)},
+                ingress,
+                egress,
+            )
+        )
+    return objects
+
+
+# --- auth and pod security ---------------------------------------------------------------------
+
+
+def engine_key_secret_name(sc: ServingCluster) -> str:
+    return child_name(sc, "engine-key")
+
+
+def engine_key_secret(sc: ServingCluster, key: str) -> dict[str, Any]:
+    """The engine API key Secret. The operator creates it once with a random key (never reads or
+    rewrites it); `tandem render` prints it with a fresh key."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _meta(sc, engine_key_secret_name(sc), None),
+        "type": "Opaque",
+        "stringData": {ENGINE_KEY_SECRET_KEY: key},
+    }
+
+
+def engine_key_annotation(sc: ServingCluster) -> dict[str, str]:
+    generated = sc.status.engine_key_secret
+    if not sc.spec.router.auth.engine_key or generated is None:
+        return {}
+    return {ANNOTATION_ENGINE_KEY: generated.uid}
+
+
+def router_auth_config(sc: ServingCluster) -> AuthConfig:
+    """Where the router finds the client keys and the engine key (mounted Secrets)."""
+    auth = sc.spec.router.auth
+    return AuthConfig(
+        client_keys_file=(
+            f"{ROUTER_CLIENT_KEYS_DIR}/{auth.client_keys_secret.key}"
+            if auth.client_keys_secret
+            else None
+        ),
+        engine_key_file=(
+            f"{ROUTER_ENGINE_KEY_DIR}/{ENGINE_KEY_SECRET_KEY}" if auth.engine_key else None
+        ),
+    )
+
+
+def router_volumes(sc: ServingCluster) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The router's config, a scratch /tmp, and the key Secrets (whole Secret volumes, not
+    subPath mounts, so the kubelet's updates reach the running router)."""
+    name = child_name(sc, "router")
+    auth = sc.spec.router.auth
+    volumes: list[dict[str, Any]] = [
+        {"name": "config", "configMap": {"name": name}},
+        {"name": "tmp", "emptyDir": {}},
+    ]
+    mounts: list[dict[str, Any]] = [
+        {"name": "config", "mountPath": ROUTER_CONFIG_DIR, "readOnly": True},
+        {"name": "tmp", "mountPath": "/tmp"},
+    ]
+    secrets: list[tuple[str, str, str]] = []
+    if auth.client_keys_secret:
+        secrets.append(("client-keys", auth.client_keys_secret.name, ROUTER_CLIENT_KEYS_DIR))
+    if auth.engine_key:
+        secrets.append(("engine-key", engine_key_secret_name(sc), ROUTER_ENGINE_KEY_DIR))
+    for volume, secret, path in secrets:
+        volumes.append({"name": volume, "secret": {"secretName": secret, "defaultMode": 0o440}})
+        mounts.append({"name": volume, "mountPath": path, "readOnly": True})
+    return volumes, mounts
+
+
+def pod_security_context(uid: int, override: dict[str, Any] | None) -> dict[str, Any]:
+    """Non-root with the given uid/gid (fsGroup too, so Secret and volume files are readable) and
+    the RuntimeDefault seccomp profile; `override` keys replace these."""
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": uid,
+        "runAsGroup": uid,
+        "fsGroup": uid,
+        "seccompProfile": {"type": "RuntimeDefault"},
+        **(override or {}),
+    }
+
+
+def container_security_context(uid: int, override: dict[str, Any] | None) -> dict[str, Any]:
+    """What the "restricted" Pod Security Standard asks of a container, plus a read-only root
+    filesystem; `override` keys replace these."""
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": uid,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+        **(override or {}),
+    }
 
 
 def render(sc: ServingCluster) -> list[dict[str, Any]]:

@@ -20,7 +20,10 @@ from tandem.operator.render import Role, endpoint, rendered_roles
 Phase = Literal["Pending", "Progressing", "Ready", "Degraded"]
 CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "ScalingLimited")
 # Conditions the autoscaler writes; dropped here once autoscaling is turned off.
-AUTOSCALER_CONDITION_TYPES = ("ScalingLimited", "MetricsUnavailable")
+AUTOSCALER_CONDITION_TYPES = ("ScalingLimited", "MetricsUnavailable", "ScalingActive")
+# Reasons of a Degraded condition found while reconciling rather than read from the children:
+# a status refresh after a child changed keeps them until the next reconcile decides again.
+BLOCKER_REASONS = ("Conflict", "DependencyMissing", "ReconcileFailed")
 # Reasons on a Deployment's Progressing condition while its newest ReplicaSet is still rolling out.
 _ROLLING_REASONS = {"NewReplicaSetCreated", "FoundNewReplicaSet", "ReplicaSetUpdated"}
 
@@ -121,6 +124,23 @@ def desired_replicas(sc: ServingCluster, role: Role) -> int:
     return sc.spec.router.replicas if role == "router" else pool_replicas(sc, role)
 
 
+@dataclass(frozen=True)
+class Blocker:
+    """A reconcile finding that degrades the cluster: reason (one of BLOCKER_REASONS), message."""
+
+    reason: str
+    message: str
+
+
+def kept_blockers(previous: list[Condition]) -> list[Blocker]:
+    """The blockers a previous reconcile recorded in the Degraded condition."""
+    return [
+        Blocker(c.reason, c.message)
+        for c in previous
+        if c.type == "Degraded" and c.status == "True" and c.reason in BLOCKER_REASONS
+    ]
+
+
 def phase_of(healths: list[PoolHealth], apply_error: str | None) -> Phase:
     """Degraded: an apply failed, a rollout failed, or a rolled-out pool fell below its minimum
     availability (the Deployment's Available condition is False).
@@ -146,7 +166,11 @@ def _scaling_limited_when_disabled(sc: ServingCluster) -> tuple[str, str, str] |
 
 
 def conditions_for(
-    sc: ServingCluster, healths: list[PoolHealth], phase: Phase, apply_error: str | None
+    sc: ServingCluster,
+    healths: list[PoolHealth],
+    phase: Phase,
+    apply_error: str | None,
+    blockers: list[Blocker] | None = None,
 ) -> dict[str, tuple[str, str, str]]:
     """type → (status, reason, message) of the conditions this module owns: Ready, Progressing,
     Degraded, and ScalingLimited while autoscaling is off."""
@@ -168,6 +192,8 @@ def conditions_for(
         out["Ready"] = ("False", "PodsNotReady", f"not every pod is ready: {summary}")
     if apply_error:
         out["Degraded"] = ("True", "ApplyFailed", apply_error)
+    elif blockers:
+        out["Degraded"] = ("True", blockers[0].reason, "; ".join(b.message for b in blockers))
     elif failed:
         out["Degraded"] = ("True", "RolloutFailed", "; ".join(failed))
     elif short:
@@ -228,11 +254,15 @@ def aggregate_status(
     now: str,
     apply_error: str | None = None,
     observed_generation: int | None = None,
+    blockers: list[Blocker] | None = None,
 ) -> ServingClusterStatus:
     """The ServingCluster's status from its child Deployments (keyed by role).
 
     `observed_generation` is the generation the operator last applied (kept from the previous
-    status when this is only a refresh after a child changed)."""
+    status when this is only a refresh after a child changed). `blockers` (conflicts, missing
+    dependencies, failures) make it Degraded; None keeps the ones recorded last time."""
+    if blockers is None:
+        blockers = kept_blockers(sc.status.conditions)
     healths = [
         pool_health(role, deployments.get(role), desired_replicas(sc, role))
         for role in component_roles(sc)
@@ -240,10 +270,10 @@ def aggregate_status(
     generation = (
         observed_generation if observed_generation is not None else sc.status.observed_generation
     )
-    phase = phase_of(healths, apply_error)
-    wanted = conditions_for(sc, healths, phase, apply_error)
+    phase = "Degraded" if blockers else phase_of(healths, apply_error)
+    wanted = conditions_for(sc, healths, phase, apply_error, blockers)
     latest = sc.metadata.generation
-    if latest is not None and generation != latest and not apply_error:
+    if latest is not None and generation != latest and not apply_error and not blockers:
         # The children reflect an older spec (or none yet): not Ready until this one is applied.
         phase = "Pending" if phase == "Pending" else "Progressing"
         wanted["Ready"] = ("False", "SpecNotApplied", f"generation {latest} is being applied")
@@ -264,6 +294,7 @@ def aggregate_status(
             drop=() if sc.spec.autoscaling.enabled else AUTOSCALER_CONDITION_TYPES,
         ),
         autoscaling=sc.status.autoscaling or AutoscalingStatus(),
+        engine_key_secret=sc.status.engine_key_secret,
     )
 
 

@@ -99,6 +99,17 @@ class StaticDiscovery(_Strict):
     workers: list[StaticEndpoint] = Field(default_factory=list)
 
 
+class AuthConfig(_Strict):
+    """Files holding API keys (mounted Secrets in a pod), re-read when they change."""
+
+    # Keys clients may present as `Authorization: Bearer KEY`, one per line; with `apiKeys`.
+    client_keys_file: str | None = Field(None, alias="clientKeysFile")
+    # The key sent to every engine as `Authorization: Bearer KEY` (the engines' --api-key).
+    engine_key_file: str | None = Field(None, alias="engineKeyFile")
+    # The same key given inline (`tandem up`, whose config file is private to its run directory).
+    engine_key: str | None = Field(None, alias="engineKey")
+
+
 class RouterConfig(_Strict):
     """Everything `tandem router` needs to serve one ServingCluster."""
 
@@ -125,6 +136,7 @@ class RouterConfig(_Strict):
     kv_events: bool = Field(True, alias="kvEvents")
     log_level: str = Field("info", alias="logLevel")
     api_keys: list[str] = Field(default_factory=list, alias="apiKeys")
+    auth: AuthConfig = Field(default_factory=AuthConfig)
 
     @model_validator(mode="after")
     def _one_discovery(self) -> RouterConfig:

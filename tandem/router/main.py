@@ -66,7 +66,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-uncached-tokens", type=int)
     p.add_argument("--max-queue", type=int)
     p.add_argument("--max-in-flight", type=int)
-    p.add_argument("--api-key", action="append", default=[])
+    p.add_argument("--api-key", action="append", default=[], help="a client API key (repeatable)")
+    p.add_argument(
+        "--client-keys-file", help="client API keys, one per line; re-read when the file changes"
+    )
+    p.add_argument(
+        "--engine-key-file", help="key sent to every engine as Authorization: Bearer (--api-key)"
+    )
     p.add_argument(
         "--decode-idle-seconds", type=float, help="longest silence inside a decode stream"
     )
@@ -121,6 +127,14 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         data["kvEvents"] = False
     if args.api_key:
         data["apiKeys"] = args.api_key
+    for key, value in (
+        ("clientKeysFile", args.client_keys_file),
+        ("engineKeyFile", args.engine_key_file),
+    ):
+        if value is not None:
+            auth = data.setdefault("auth", {})
+            assert isinstance(auth, dict)
+            auth[key] = value
     for section, key, value in (
         ("scoring", "prefixWeight", args.prefix_weight),
         ("scoring", "queueWeight", args.queue_weight),

@@ -9,7 +9,7 @@ import time
 
 from tandem.router.engine_metrics import parse_engine_load
 from tandem.router.engines import Engine, EnginePool
-from tandem.router.upstream import UpstreamError, Upstreams
+from tandem.router.upstream import AuthHeader, UpstreamError, Upstreams
 
 log = logging.getLogger("tandem.router.monitor")
 
@@ -21,12 +21,19 @@ class EngineMonitor:
     also marks an engine unhealthy at once on a refused connection) and the next good one restores it.
     """
 
-    def __init__(self, pool: EnginePool, scrape_s: float, health_s: float, timeout_s: float = 2.0):
+    def __init__(
+        self,
+        pool: EnginePool,
+        scrape_s: float,
+        health_s: float,
+        timeout_s: float = 2.0,
+        auth: AuthHeader | None = None,
+    ):
         self.pool = pool
         self.scrape_s = scrape_s
         self.health_s = health_s
         self.timeout_s = timeout_s
-        self.upstreams = Upstreams(connect_timeout=timeout_s)
+        self.upstreams = Upstreams(connect_timeout=timeout_s, auth=auth)
         self._task: asyncio.Task[None] | None = None
         self._last_health = 0.0
 

@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 
 from tandem.router.admission import Admission, QueueFull, parse_priority
+from tandem.router.auth import AUTHORIZATION, ClientAuth, EngineKey
 from tandem.router.config import RouterConfig
 from tandem.router.decision import Route, decide_route
 from tandem.router.engines import Engine, EnginePool
@@ -116,18 +117,21 @@ class Router:
             config.admission.max_queue_per_priority,
         )
         self.sessions = SessionTable(config.admission.max_sessions)
-        self.upstreams = Upstreams(config.timeouts.connect_s)
+        engine_key = EngineKey.from_config(config)
+        self.upstreams = Upstreams(
+            config.timeouts.connect_s, engine_key.header if engine_key else None
+        )
         self.model_names = {config.served_model_name}
         self._priority_header = config.admission.priority_header.lower()
         self._session_header = config.admission.session_header.lower()
-        self._api_keys = {f"Bearer {k}" for k in config.api_keys}
+        self.auth = ClientAuth.from_config(config)
         self._id_prefix = f"tdm-{os.urandom(6).hex()}-"
         self._ids = itertools.count(1)
 
     # -- entry -------------------------------------------------------------------------------
 
     def authorized(self, request: Request) -> bool:
-        return not self._api_keys or request.headers.get("authorization", "") in self._api_keys
+        return self.auth.allows(request.headers.get(AUTHORIZATION))
 
     async def generate(self, request: Request, responder: Responder, chat: bool) -> None:
         timing = Timing()

@@ -38,6 +38,7 @@ class RouterService:
             config.metrics_scrape_interval_s,
             config.health_check_interval_s,
             timeout_s=config.timeouts.connect_s,
+            auth=self.router.upstreams.auth,
         )
         self.server = HttpServer(self.handle, config.admission.max_body_bytes)
         self.subscribers: dict[str, KvEventSubscriber] = {}

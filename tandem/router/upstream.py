@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import cast
 from urllib.parse import urlsplit
 
@@ -29,6 +29,9 @@ class UpstreamError(Exception):
 class UpstreamTimeout(UpstreamError):
     pass
 
+
+# A header to add to every request, or None (e.g. `Authorization: Bearer <engine key>`).
+AuthHeader = Callable[[], tuple[str, str] | None]
 
 _HIGH_WATER = 64
 _LOW_WATER = 8
@@ -226,8 +229,15 @@ class Response:
 class UpstreamPool:
     """Keep-alive connections to one engine (`http://host:port`)."""
 
-    def __init__(self, base_url: str, connect_timeout: float = 2.0, max_idle: int = 256):
+    def __init__(
+        self,
+        base_url: str,
+        connect_timeout: float = 2.0,
+        max_idle: int = 256,
+        auth: AuthHeader | None = None,
+    ):
         parts = urlsplit(base_url)
+        self.auth = auth
         self.base = base_url.rstrip("/")
         self.host = parts.hostname or "127.0.0.1"
         self.port = parts.port or 80
@@ -271,6 +281,9 @@ class UpstreamPool:
         """
         head = [f"{method} {self.prefix}{path} HTTP/1.1\r\nhost: {self.host_header}\r\n"]
         head.extend(f"{k}: {v}\r\n" for k, v in headers or ())
+        credentials = self.auth() if self.auth is not None else None
+        if credentials is not None:
+            head.append(f"{credentials[0]}: {credentials[1]}\r\n")
         head.append(f"content-length: {len(body)}\r\n\r\n")
         data = "".join(head).encode("latin-1") + body
         for attempt in range(2):
@@ -309,16 +322,19 @@ class UpstreamPool:
 
 
 class Upstreams:
-    """One pool per engine URL."""
+    """One pool per engine URL; `auth` gives a header sent on every request (the engine key)."""
 
-    def __init__(self, connect_timeout: float = 2.0):
+    def __init__(self, connect_timeout: float = 2.0, auth: AuthHeader | None = None):
         self.connect_timeout = connect_timeout
+        self.auth = auth
         self.pools: dict[str, UpstreamPool] = {}
 
     def pool(self, base_url: str) -> UpstreamPool:
         pool = self.pools.get(base_url)
         if pool is None:
-            pool = self.pools[base_url] = UpstreamPool(base_url, self.connect_timeout)
+            pool = self.pools[base_url] = UpstreamPool(
+                base_url, self.connect_timeout, auth=self.auth
+            )
         return pool
 
     def drop(self, base_url: str) -> None:

@@ -277,3 +277,91 @@ def test_http_server_answers() -> None:
     finally:
         engine.server.shutdown()
         engine.server.server_close()
+
+
+async def _first_failure(
+    client: PrometheusClient, selector: PoolSelector, timeout_s: float = 15
+) -> PrometheusUnavailable:
+    """The first PrometheusUnavailable of repeated reads (the bad value shows after a scrape)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            await read_pool_signals(client, selector, DECODE)
+        except PrometheusUnavailable as exc:
+            return exc
+        await asyncio.sleep(0.5)
+    raise AssertionError("the bad value never made the reading unavailable")
+
+
+async def test_non_finite_and_huge_values_are_unavailable_not_numbers(
+    cluster: tuple[PrometheusProcess, dict[str, list[FakeEngine]]],
+) -> None:
+    prometheus, engines = cluster
+    async with PrometheusClient(prometheus.url) as client:
+        for promql in ("vector(1) / 0", "-vector(1) / 0", "vector(1e15)"):
+            with pytest.raises(PrometheusUnavailable, match="malformed result"):
+                await client.value(promql)
+        assert await client.value("vector(0.5)") == 0.5
+        selector = PoolSelector(namespace="serving", cluster="llama", pool="decode")
+        engines["decode"][0].kv_usage.set(float("inf"))  # a broken exporter
+        try:
+            assert "not a finite number" in str(await _first_failure(client, selector))
+        finally:
+            engines["decode"][0].kv_usage.set(0.5)
+        deadline = time.monotonic() + 15
+        while True:  # the next scrape replaces the infinity
+            try:
+                await read_pool_signals(client, selector, DECODE)
+                break
+            except PrometheusUnavailable:
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.5)
+        engines["decode"][1].kv_usage.set(7)  # usage is a fraction: 7 is corrupt, not "full"
+        try:
+            assert "implausible values" in str(await _first_failure(client, selector))
+        finally:
+            engines["decode"][1].kv_usage.set(0.5)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        {"status": "success", "data": {"resultType": "vector", "result": [{"metric": {}, "value": [1, "abc"]}]}},
+        {"status": "success", "data": {"resultType": "vector", "result": [{"metric": {}, "value": [1]}]}},
+        {"status": "success", "data": {"resultType": "vector", "result": [{"value": [1, "2"]}]}},
+        {"status": "success", "data": {"resultType": "scalar", "result": [1, None]}},
+        {"status": "success", "data": {"resultType": "vector", "result": [{"metric": {}, "value": [1, True]}]}},
+        {"status": "success"},
+    ],
+)  # fmt: skip
+async def test_malformed_answers_are_unavailable(answer: dict[str, Any]) -> None:
+    """A stand-in for a broken Prometheus or a proxy in front of it (a real HTTP server on
+    127.0.0.1 answering one fixed body): no real Prometheus sends these shapes."""
+    import http.server
+    import json
+    import threading
+
+    body = json.dumps(answer).encode()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        async with PrometheusClient(url) as client:
+            with pytest.raises(PrometheusUnavailable):
+                await client.value("up")
+    finally:
+        server.shutdown()
+        server.server_close()

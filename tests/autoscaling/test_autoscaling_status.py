@@ -57,4 +57,5 @@ def test_conditions_flip_with_transition_time_and_keep_other_types() -> None:
         "Ready",
         "ScalingLimited",
         "MetricsUnavailable",
+        "ScalingActive",
     ]

@@ -68,6 +68,15 @@ def test_pd_example_becomes_prefill_and_decode_engines_behind_a_static_router(
     assert config.scoring.prefix_weight == 3
     assert plan.router.argv[-2:] == ["--config", str(tmp_path / "router.yaml")]
     assert set(plan.metrics_urls()) == {"router", "prefill-0", "prefill-1", "decode-0", "decode-1"}
+    # The engine key: one random key per run, given to every engine and to the router.
+    key = config.auth.engine_key
+    assert key
+    for engine in plan.engines:
+        assert flag(engine.argv, "--api-key") == key
+        assert engine.env["VLLM_API_KEY"] == key
+        assert "HOME" not in engine.env or engine.env["HOME"] != "/home/vllm"
+        assert "UCX_TCP_PORT_RANGE" not in engine.env
+    assert config.auth.engine_key_file is None
 
 
 def test_colocated_example_runs_workers_and_replica_overrides_apply(tmp_path: Path) -> None:

@@ -44,6 +44,16 @@ class FakeKube:
         self.objects[key] = stored
         return stored
 
+    def create(self, obj: dict[str, Any], dry_run: bool = False) -> dict[str, Any] | None:
+        key = ObjectKey.of(obj)
+        if key in self.objects:
+            return None
+        stored = copy.deepcopy(obj)
+        stored["metadata"]["uid"] = f"uid-{key.kind}-{key.name}"
+        if not dry_run:
+            self.objects[key] = stored
+        return stored
+
     def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         found = self.objects.get(ObjectKey(api_version, kind, namespace, name))
         return copy.deepcopy(found) if found else None
@@ -170,13 +180,13 @@ def test_spec_changes_update_and_prune_children() -> None:
     kube, events = FakeKube(), Events()
     body = kube.add_cluster(minimal(networkPolicy={"enabled": True}))
     run(kube, events)
-    assert ("NetworkPolicy", "m-engines") in kube.kinds()
+    assert ("NetworkPolicy", "m-prefill") in kube.kinds()
     body["spec"] = {**body["spec"], "networkPolicy": {"enabled": False}, "decode": {"replicas": 4}}
     body["spec"]["router"] = {"disaggregation": {"mode": "never"}}
     body["metadata"]["generation"] = 2
     run(kube, events)
     kinds = kube.kinds()
-    assert ("NetworkPolicy", "m-engines") not in kinds
+    assert not [name for kind, name in kinds if kind == "NetworkPolicy"]
     assert ("Deployment", "m-prefill") not in kinds
     assert ("Service", "m-prefill") not in kinds
     assert kube.get("apps/v1", "Deployment", "ns", "m-decode")["spec"]["replicas"] == 4  # type: ignore[index]
@@ -268,6 +278,11 @@ def test_operator_settings() -> None:
     )
     assert (peered.peering.standalone, peered.peering.name) == (False, "tandem")
     assert operator_main.parse_args(["-n", "a", "-n", "b"]).namespace == ["a", "b"]
+    # Exact namespaces (the chart's namespaced mode) never list the cluster's namespaces.
+    assert peered.scanning.disabled is True
+    assert settings.scanning.disabled is False
+    patterns = operator_main.operator_settings(operator_main.parse_args(["-n", "team-*"]))
+    assert patterns.scanning.disabled is False
 
 
 def test_handlers_register_without_finalizer_needs() -> None:
@@ -284,7 +299,11 @@ def test_handlers_register_without_finalizer_needs() -> None:
     # No timers or daemons of our own: those would put a finalizer on every object.
     assert list(registry._spawning.get_all_handlers()) == []
     assert not any(h.requires_finalizer for h in registry._changing.get_all_handlers())
-    assert operator_main.load_autoscaling(registry) in {True, False}
+    # The autoscaler too: a watch-event handler, no daemon, so deletion never waits for it.
+    assert operator_main.load_autoscaling(registry) is True
+    assert "autoscaler" in {h.id for h in registry._watching.get_all_handlers()}
+    assert list(registry._spawning.get_all_handlers()) == []
+    assert not any(h.requires_finalizer for h in registry._changing.get_all_handlers())
 
 
 def test_resync_reconciles_every_cluster() -> None:

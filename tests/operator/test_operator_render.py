@@ -99,6 +99,8 @@ def test_objects_of_the_pd_example(pd_cluster: ServingCluster) -> None:
         ("Service", "llama-8b-prefill"), ("Deployment", "llama-8b-prefill"), ("PodDisruptionBudget", "llama-8b-prefill"),
         ("Service", "llama-8b-decode"), ("Deployment", "llama-8b-decode"), ("PodDisruptionBudget", "llama-8b-decode"),
         ("ServiceMonitor", "llama-8b-router"), ("PodMonitor", "llama-8b-engines"),
+        ("NetworkPolicy", "llama-8b-router"), ("NetworkPolicy", "llama-8b-prefill"),
+        ("NetworkPolicy", "llama-8b-decode"),
     }  # fmt: skip
     for obj in render(pd_cluster):
         labels = obj["metadata"]["labels"]
@@ -236,7 +238,7 @@ def test_overrides_and_options() -> None:
     assert service["spec"]["type"] == "LoadBalancer"
     assert service["metadata"]["annotations"]["lb"] == "internal"
     policies = [o for o in objects if o["kind"] == "NetworkPolicy"]
-    assert len(policies) == 2
+    assert len(policies) == 3
     monitors = [o for o in objects if o["kind"] in CUSTOM_KINDS]
     assert all(m["metadata"]["labels"]["release"] == "prometheus" for m in monitors)
 

@@ -44,63 +44,18 @@ app.kubernetes.io/part-of: tandem
 {{- end -}}
 
 {{/*
-The operator's permissions, one list for both the ClusterRole and the per-namespace Roles.
-Each rule is something the operator does; nothing more is granted.
+The operator's permissions, one list for both the ClusterRole and the per-namespace Roles, read
+from files/operator-rules.yaml (the same file docs/security.md's table is checked against). A
+rule with `when: X` is granted only while rbac.X is true.
 */}}
 {{- define "tandem.operatorRules" -}}
-# Its own API: watch ServingClusters, keep kopf's finalizer and progress annotations, write status.
-- apiGroups: [tandem.dev]
-  resources: [servingclusters]
-  verbs: [get, list, watch, patch]
-- apiGroups: [tandem.dev]
-  resources: [servingclusters/status]
-  verbs: [patch]
-# The children it renders: server-side apply (create/patch), list and delete to prune what the
-# spec no longer asks for. Deployments are also watched, to report readiness as it changes.
-- apiGroups: [apps]
-  resources: [deployments]
-  verbs: [get, list, watch, create, patch, delete]
-- apiGroups: [""]
-  resources: [services, configmaps, serviceaccounts]
-  verbs: [get, list, create, patch, delete]
-- apiGroups: [policy]
-  resources: [poddisruptionbudgets]
-  verbs: [get, list, create, patch, delete]
-- apiGroups: [rbac.authorization.k8s.io]
-  resources: [roles, rolebindings]
-  verbs: [get, list, create, patch, delete]
-# Each router's Role grants reading its cluster's Pods, and RBAC lets a subject grant only what
-# it holds itself.
-- apiGroups: [""]
-  resources: [pods]
-  verbs: [get, list, watch]
-# kopf posts Events about the ServingClusters it handles.
-- apiGroups: [""]
-  resources: [events]
-  verbs: [create]
-# Pools handed to an external autoscaler (spec.autoscaling.provider: hpa or keda).
-- apiGroups: [autoscaling]
-  resources: [horizontalpodautoscalers]
-  verbs: [get, list, create, patch, delete]
-- apiGroups: [keda.sh]
-  resources: [scaledobjects]
-  verbs: [get, list, create, patch, delete]
-{{- if .Values.rbac.monitoring }}
-- apiGroups: [monitoring.coreos.com]
-  resources: [servicemonitors, podmonitors]
-  verbs: [get, list, create, patch, delete]
+{{- $values := .Values.rbac -}}
+{{- range (.Files.Get "files/operator-rules.yaml" | fromYaml).rules }}
+{{- if or (not .when) (index $values .when) }}
+# {{ .why }}
+- apiGroups: {{ toJson .apiGroups }}
+  resources: {{ toJson .resources }}
+  verbs: {{ toJson .verbs }}
 {{- end }}
-{{- if .Values.rbac.networkPolicies }}
-- apiGroups: [networking.k8s.io]
-  resources: [networkpolicies]
-  verbs: [get, list, create, patch, delete]
-{{- end }}
-{{- if .Values.rbac.externalAutoscalers }}
-- apiGroups: [autoscaling]
-  resources: [horizontalpodautoscalers]
-  verbs: [get, list, create, patch, delete]
-- apiGroups: [keda.sh]
-  resources: [scaledobjects]
-  verbs: [get, list, create, patch, delete]
 {{- end }}
 {{- end -}}

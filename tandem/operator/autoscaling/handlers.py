@@ -1,7 +1,9 @@
-"""The autoscaler's kopf daemon: every intervalSeconds read Prometheus, decide per pool, scale, record.
+"""The autoscaler: every intervalSeconds read Prometheus, decide per pool, scale, record.
 
-One daemon runs per ServingCluster whose `spec.autoscaling.enabled` is true (kopf starts and
-stops it as the flag changes). Each evaluation, per pool:
+One asyncio task runs per ServingCluster whose `spec.autoscaling.enabled` is true, started and
+stopped by a watch-event handler (`AutoscalerLoops`). Not a kopf daemon or timer: those put a
+finalizer on the object, and deleting it would then hang while the operator is down or gone.
+Each evaluation, per pool:
   1. reads the pool Deployment (labels tandem.dev/cluster, tandem.dev/role): current and ready;
   2. reads the pool's signals from Prometheus (queries.py); failures become MetricsUnavailable;
   3. calls the pure `decide` (decision.py) with the state kept since the last evaluation;
@@ -9,15 +11,17 @@ stops it as the flag changes). Each evaluation, per pool:
   5. sets the Deployment's replicas (a merge patch, field manager tandem-operator);
   6. posts an Event on a size change, on hitting a limit, and on losing or regaining metrics.
 The status is written before the scale so that a reconcile in between renders the new size.
+An evaluation that raises sets ScalingActive=False with a Warning Event, and the loop goes on.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import kopf
@@ -29,7 +33,13 @@ from tandem.operator.autoscaling.policy import POOLS, Pool, PoolPolicy, pool_pol
 from tandem.operator.autoscaling.prometheus import PrometheusClient, PrometheusUnavailable
 from tandem.operator.autoscaling.queries import PoolSelector, read_pool_signals
 from tandem.operator.autoscaling.signals import PoolSignals
-from tandem.operator.autoscaling.status import USER_LIMITS, autoscaling_conditions, pool_status
+from tandem.operator.autoscaling.status import (
+    SCALING_ACTIVE,
+    USER_LIMITS,
+    autoscaling_conditions,
+    condition,
+    pool_status,
+)
 from tandem.operator.handlers import kube as operator_kube
 from tandem.operator.kube import FIELD_MANAGER, Kube, object_path
 from tandem.operator.metrics import record_decision
@@ -95,30 +105,34 @@ async def _read_signals(
     return signals, ""
 
 
-def _events(body: kopf.Body, decision: Decision, previous: Decision | None) -> None:
+def _events(body: Mapping[str, Any], decision: Decision, previous: Decision | None) -> None:
     """Post an Event when the size changes or a limit or a metrics gap starts or ends."""
     if decision.changed:
-        kopf.event(body, type="Normal", reason=decision.reason, message=decision.message)
+        _post(body, "Normal", decision.reason, decision.message)
     if decision.limit in USER_LIMITS and (previous is None or previous.limit != decision.limit):
-        kopf.event(body, type="Warning", reason="ScalingLimited", message=decision.message)
+        _post(body, "Warning", "ScalingLimited", decision.message)
     unavailable = decision.reason == "MetricsUnavailable"
     was_unavailable = previous is not None and previous.reason == "MetricsUnavailable"
     if unavailable and not was_unavailable:
-        kopf.event(body, type="Warning", reason="MetricsUnavailable", message=decision.message)
+        _post(body, "Warning", "MetricsUnavailable", decision.message)
     elif was_unavailable and not unavailable:
-        kopf.event(body, type="Normal", reason="MetricsAvailable", message=decision.message)
+        _post(body, "Normal", "MetricsAvailable", decision.message)
+
+
+def _post(body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+    kopf.event(dict(body), type=type_, reason=reason, message=message)  # type: ignore[arg-type]
 
 
 async def evaluate(
     kube: Kube,
-    body: kopf.Body,
+    body: Mapping[str, Any],
     autoscaling: AutoscalingSpec,
     states: dict[Pool, PoolState],
     last: dict[Pool, Decision],
     logger: logging.Logger | kopf.Logger,
 ) -> dict[Pool, Decision]:
     """One evaluation of both pools (steps 1-6 above); updates `states` and `last` in place."""
-    name, namespace = body.metadata.name, body.metadata.namespace or "default"
+    name, namespace = body["metadata"]["name"], body["metadata"].get("namespace") or "default"
     policies = pool_policies(autoscaling)
     deployments = await asyncio.to_thread(pool_deployments, kube, namespace, name)
     pools = [pool for pool in POOLS if pool in deployments]
@@ -171,15 +185,34 @@ async def evaluate(
     return decisions
 
 
-async def autoscaler(
-    stopped: kopf.DaemonStopped, body: kopf.Body, logger: kopf.Logger, **_: Any
+async def report_failure(kube: Kube, body: Mapping[str, Any], exc: Exception) -> None:
+    """An evaluation that raised: ScalingActive=False and a Warning Event (the sizes are held)."""
+    meta = body["metadata"]
+    message = f"autoscaler evaluation failed: {exc.__class__.__name__}: {exc}"
+    existing = body.get("status", {}).get("conditions") or []
+    previous = next((c for c in existing if c.get("type") == SCALING_ACTIVE), None)
+    failed = condition(SCALING_ACTIVE, False, "EvaluationFailed", message, previous, _stamp())
+    conditions = [c for c in existing if c.get("type") != SCALING_ACTIVE] + [failed]
+    await asyncio.to_thread(
+        kube.patch_status,
+        API_VERSION,
+        KIND,
+        meta.get("namespace") or "default",
+        meta["name"],
+        {"conditions": conditions},
+    )
+    _post(body, "Warning", "AutoscalerFailed", message)
+
+
+async def autoscale(
+    kube: Kube, latest: Callable[[], Mapping[str, Any]], logger: logging.Logger
 ) -> None:
-    """Evaluate every `spec.autoscaling.intervalSeconds` until autoscaling is disabled or the object goes."""
-    kube = await asyncio.to_thread(operator_kube)
+    """Evaluate every `spec.autoscaling.intervalSeconds` of the latest body, until cancelled."""
     states: dict[Pool, PoolState] = {}
     last: dict[Pool, Decision] = {}
-    while not stopped:
+    while True:
         interval = 15.0
+        body = latest()
         try:
             autoscaling = AutoscalingSpec.model_validate(
                 body.get("spec", {}).get("autoscaling") or {}
@@ -188,23 +221,60 @@ async def autoscaler(
             await evaluate(kube, body, autoscaling, states, last, logger)
         except ValidationError as exc:
             logger.error(f"autoscaler: invalid spec.autoscaling: {exc}")
-        except Exception as exc:  # one failed evaluation must not end the daemon; the next retries
+        except Exception as exc:  # one failed evaluation must not end the loop; the next retries
             logger.exception(f"autoscaler: evaluation failed: {exc}")
-        await stopped.wait(interval)
+            with contextlib.suppress(Exception):
+                await report_failure(kube, body, exc)
+            last.clear()  # the next good evaluation announces itself again
+        await asyncio.sleep(interval)
 
 
-def register(registry: kopf.OperatorRegistry) -> None:
-    """Run `autoscaler` as a kopf daemon per ServingCluster while its autoscaling is enabled.
+class AutoscalerLoops:
+    """One `autoscale` task per autoscaled ServingCluster (by uid), fed the latest body from
+    watch events; a task stops when autoscaling is turned off or the object is deleted."""
 
-    A daemon rather than a timer so that each object's own `intervalSeconds` is honoured and the
-    decision state (the stabilization window) lives exactly as long as the loop.
-    """
-    kopf.daemon(
-        GROUP,
-        VERSION,
-        PLURAL,
-        id="autoscaler",
-        when=_enabled,
-        cancellation_timeout=10.0,
-        registry=registry,
-    )(autoscaler)
+    def __init__(self, client: Callable[[], Kube], logger: logging.Logger) -> None:
+        self.client = client
+        self.logger = logger
+        self.bodies: dict[str, Mapping[str, Any]] = {}
+        self.tasks: dict[str, asyncio.Task[None]] = {}
+
+    def observe(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        uid = body["metadata"]["uid"]
+        gone = event_type == "DELETED" or body["metadata"].get("deletionTimestamp")
+        if gone or not _enabled(body.get("spec") or {}):
+            self.stop(uid)
+            return
+        self.bodies[uid] = body
+        if uid not in self.tasks:
+            self.tasks[uid] = asyncio.get_running_loop().create_task(
+                autoscale(self.client(), lambda: self.bodies[uid], self.logger),
+                name=f"autoscaler-{body['metadata'].get('namespace')}-{body['metadata']['name']}",
+            )
+
+    def stop(self, uid: str) -> None:
+        task = self.tasks.pop(uid, None)
+        self.bodies.pop(uid, None)
+        if task is not None:
+            task.cancel()
+
+    async def stop_all(self) -> None:
+        tasks = list(self.tasks.values())
+        for uid in list(self.tasks):
+            self.stop(uid)
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+def register(registry: kopf.OperatorRegistry, client: Callable[[], Kube] = operator_kube) -> None:
+    """Drive `AutoscalerLoops` from ServingCluster watch events (which put no finalizer)."""
+    loops = AutoscalerLoops(client, logging.getLogger("tandem.operator.autoscaler"))
+
+    @kopf.on.event(GROUP, VERSION, PLURAL, id="autoscaler", registry=registry)
+    async def autoscaler_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
+        loops.observe(event.get("type"), dict(body))
+
+    @kopf.on.cleanup(id="stop_autoscalers", registry=registry)
+    async def stop_autoscalers(**_: Any) -> None:
+        await loops.stop_all()

@@ -15,7 +15,7 @@ class PrometheusUnavailable(Exception):
 
 
 class Sample(BaseModel):
-    """One element of an instant vector: its labels and its value (NaN kept as NaN)."""
+    """One element of an instant vector: its labels and its value (finite, or NaN for "no value")."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -63,7 +63,12 @@ class PrometheusClient:
                 f"{self.base_url} refused {promql!r}: HTTP {response.status_code} "
                 f"{body.get('errorType', '')} {body.get('error', '')}".rstrip()
             )
-        return _samples(body["data"])
+        try:
+            return _samples(body["data"])
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise PrometheusUnavailable(
+                f"{self.base_url} answered {promql!r} with a malformed result: {exc}"
+            ) from exc
 
     async def value(self, promql: str) -> float | None:
         """The single value of an aggregated query; None when the vector is empty or the value NaN."""
@@ -73,13 +78,33 @@ class PrometheusClient:
         return samples[0].value
 
 
+def sample_value(raw: Any) -> float:
+    """A sample's value as Prometheus writes it (a decimal string). NaN stays NaN (an empty ratio,
+    e.g. a quantile of no requests); +Inf, -Inf, non-numbers and values beyond MAX_SAMPLE raise
+    ValueError: no signal the autoscaler reads can be that, so the reading is not trusted."""
+    if not isinstance(raw, str | int | float) or isinstance(raw, bool):
+        raise ValueError(f"sample value {raw!r} is not a number")
+    value = float(raw)
+    if math.isnan(value):
+        return value
+    if not math.isfinite(value) or abs(value) > MAX_SAMPLE:
+        raise ValueError(f"sample value {raw!r} is not a finite number below {MAX_SAMPLE:g}")
+    return value
+
+
+# Far above any latency (s), queue length, KV usage or request rate a pool can have, far below
+# the point where a ratio of it overflows a float in the scaling arithmetic.
+MAX_SAMPLE = 1e12
+
+
 def _samples(data: dict[str, Any]) -> list[Sample]:
     result_type = data.get("resultType")
     result = data.get("result")
     if result_type == "vector":
         return [
-            Sample(labels=item["metric"], value=float(item["value"][1])) for item in result or []
+            Sample(labels=item["metric"], value=sample_value(item["value"][1]))
+            for item in result or []
         ]
     if result_type == "scalar" and result is not None:
-        return [Sample(labels={}, value=float(result[1]))]
+        return [Sample(labels={}, value=sample_value(result[1]))]
     raise PrometheusUnavailable(f"unexpected result type {result_type!r} for an instant query")

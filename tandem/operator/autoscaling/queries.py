@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from tandem.operator.autoscaling.policy import Pool, PoolPolicy
-from tandem.operator.autoscaling.prometheus import PrometheusClient
+from tandem.operator.autoscaling.prometheus import PrometheusClient, PrometheusUnavailable
 from tandem.operator.autoscaling.signals import PoolSignals
 
 # Prometheus label names that the scrape config must produce from the pods' labels
@@ -94,16 +94,23 @@ def pool_queries(selector: PoolSelector, policy: PoolPolicy) -> dict[str, str]:
 async def read_pool_signals(
     client: PrometheusClient, selector: PoolSelector, policy: PoolPolicy
 ) -> PoolSignals:
-    """Run the pool's queries concurrently; raises PrometheusUnavailable if any query fails."""
+    """Run the pool's queries concurrently; raises PrometheusUnavailable if any query fails or
+    a value is outside what its signal can be (PoolSignals' bounds)."""
     queries = pool_queries(selector, policy)
     values = await asyncio.gather(*(client.value(q) for q in queries.values()))
     observed = dict(zip(queries, values, strict=True))
-    return PoolSignals(
-        pool=selector.pool,
-        engines=int(observed["engines"] or 0),
-        latency_s=observed["latency_s"],
-        waiting=observed["waiting"] or 0.0,
-        running=observed["running"] or 0.0,
-        kv_usage=observed["kv_usage"],
-        request_rate=observed["request_rate"],
-    )
+    try:
+        return PoolSignals(
+            pool=selector.pool,
+            engines=observed["engines"] or 0,
+            latency_s=observed["latency_s"],
+            waiting=observed["waiting"] or 0.0,
+            running=observed["running"] or 0.0,
+            kv_usage=observed["kv_usage"],
+            request_rate=observed["request_rate"],
+        )
+    except ValidationError as exc:
+        problems = "; ".join(f"{e['loc'][0]}={e.get('input')!r}: {e['msg']}" for e in exc.errors())
+        raise PrometheusUnavailable(
+            f"{client.base_url} returned implausible values for {selector.matchers()}: {problems}"
+        ) from None

@@ -10,6 +10,7 @@ from tandem.operator.autoscaling.signals import PoolSignals
 
 SCALING_LIMITED = "ScalingLimited"
 METRICS_UNAVAILABLE = "MetricsUnavailable"
+SCALING_ACTIVE = "ScalingActive"
 # Limits a user acts on (raise max, or the step); sitting at min while idle is not a limitation.
 USER_LIMITS = ("TooManyReplicas", "ScaleUpLimit")
 
@@ -47,7 +48,7 @@ def pool_status(
     return status
 
 
-def _condition(
+def condition(
     type_: str, holds: bool, reason: str, message: str, previous: Mapping[str, Any] | None, now: str
 ) -> dict[str, Any]:
     status = "True" if holds else "False"
@@ -64,7 +65,8 @@ def _condition(
 def autoscaling_conditions(
     decisions: Iterable[Decision], existing: Sequence[Mapping[str, Any]], now: str
 ) -> list[dict[str, Any]]:
-    """`status.conditions` with ScalingLimited and MetricsUnavailable set from this evaluation.
+    """`status.conditions` with ScalingLimited, MetricsUnavailable and ScalingActive (True: this
+    evaluation completed) set from this evaluation.
 
     Conditions of other types are kept as they are; a transition time moves only when the
     condition's status flips.
@@ -73,7 +75,7 @@ def autoscaling_conditions(
     by_type = {c.get("type"): c for c in existing}
     limited = [d for d in decisions if d.limit in USER_LIMITS]
     unavailable = [d for d in decisions if d.reason == METRICS_UNAVAILABLE]
-    scaling_limited = _condition(
+    scaling_limited = condition(
         SCALING_LIMITED,
         bool(limited),
         (limited[0].limit or "") if limited else "WithinLimits",
@@ -83,7 +85,7 @@ def autoscaling_conditions(
         by_type.get(SCALING_LIMITED),
         now,
     )
-    metrics_unavailable = _condition(
+    metrics_unavailable = condition(
         METRICS_UNAVAILABLE,
         bool(unavailable),
         "NoMetrics" if unavailable else "MetricsRead",
@@ -93,7 +95,19 @@ def autoscaling_conditions(
         by_type.get(METRICS_UNAVAILABLE),
         now,
     )
-    replaced = {SCALING_LIMITED: scaling_limited, METRICS_UNAVAILABLE: metrics_unavailable}
+    scaling_active = condition(
+        SCALING_ACTIVE,
+        True,
+        "Evaluated",
+        "the autoscaler evaluated every pool",
+        by_type.get(SCALING_ACTIVE),
+        now,
+    )
+    replaced = {
+        SCALING_LIMITED: scaling_limited,
+        METRICS_UNAVAILABLE: metrics_unavailable,
+        SCALING_ACTIVE: scaling_active,
+    }
     conditions = [
         replaced.pop(c["type"]) if c.get("type") in replaced else dict(c) for c in existing
     ]
