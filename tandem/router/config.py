@@ -8,7 +8,7 @@ the data path must never import control-plane code.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -118,6 +118,17 @@ class RouterConfig(_Strict):
     served_model_name: str = Field(alias="servedModelName")
     # Path or HF-format directory with tokenizer.json; None uses the documented approximation.
     tokenizer: str | None = None
+    # The engines' `--chat-template` (a file or the template text), when they override the model's.
+    chat_template: str | None = Field(None, alias="chatTemplate")
+    # The engines' `--default-chat-template-kwargs`.
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict, alias="chatTemplateKwargs")
+    # vLLM's renderer (`vllm launch render MODEL`, or an engine): "local" renders in the router
+    # and asks it only for requests the router cannot tokenize exactly; "remote" asks it always.
+    render_url: str | None = Field(None, alias="renderUrl")
+    render_mode: Literal["local", "remote"] = Field("local", alias="renderMode")
+    # Blocks of a request sent to an engine count as cached there for this long, or until the
+    # engine's KV events confirm them (see index.py).
+    pending_ttl_s: float = Field(10.0, ge=0, alias="pendingBlockSeconds")
     block_size: int = Field(16, ge=1, alias="blockSize")
     hash_algo: Literal["sha256", "sha256_cbor"] = Field("sha256_cbor", alias="hashAlgo")
     hash_seed: str | None = Field("0", alias="hashSeed")  # the engines' PYTHONHASHSEED

@@ -1,27 +1,39 @@
 """Request features for routing: prompt length in tokens and the prompt's block keys.
 
-With the model's tokenizer (`--tokenizer DIR`) the keys are exact: the same token blocks the
-engines hash, so they meet the KV-event index; `--tokenizer tandem-fallback` is exact for
-`tandem emulate` engines that have no tokenizer.json (see fallback_tokenizer.py). Without either,
-the documented approximation applies: the prompt text is cut into chunks of 4 x block_size
-characters (about one block at ~4 characters per token) and the token count is estimated as
-characters / 4; those keys can only meet the approximate index built from the router's own
-routing history.
-Chat prompts are rendered with the tokenizer's chat template when jinja2 is importable, otherwise
-as `"{role}: {content}\\n"` per message followed by `"assistant:"`.
+With the model's tokenizer (`--tokenizer DIR`) the keys are exact: the token ids vLLM computes
+for the request (`tokenization.py`: completions with `add_special_tokens`, chat through the
+model's chat template), cut into the blocks the engines hash, so they meet the KV-event index;
+`--tokenizer tandem-fallback` is exact for `tandem emulate` engines that have no tokenizer.json
+(see fallback_tokenizer.py). A request the router cannot tokenize exactly (a template error,
+a content part it does not render) is counted in `tandem_router_tokenize_fallbacks_total` and
+takes the approximation, as every request does without a tokenizer: the prompt text (chat:
+`"{role}: {content}\\n"` per message, then `"assistant:"` unless `add_generation_prompt` is false) is cut into chunks of
+4 x block_size characters (about one block at ~4 characters per token) and the token count is
+estimated as characters / 4; those keys only meet the approximate index built from the
+router's own routing history.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tandem.router.blocks import block_keys, salted_parent, text_block_keys
+from tandem.router.chat_template import TemplateUnrenderable
 from tandem.router.fallback_tokenizer import FALLBACK_TOKENIZER, fallback_token_ids
+from tandem.router.hf_tokenizer import HfTokenizer
+from tandem.router.render_client import RenderClient, RenderUnavailable
+from tandem.router.tokenization import RequestTokenizer, load_template_override
+
+if TYPE_CHECKING:
+    from tandem.router.config import RouterConfig
+    from tandem.router.metrics import RouterMetrics
+
+log = logging.getLogger(__name__)
 
 CHARS_PER_TOKEN = 4
 
@@ -36,84 +48,104 @@ class Features:
 class Featurizer:
     """Turns an OpenAI request body into `Features`; caches recent prompts (exact repeats).
 
-    A cache collision needs two prompts of equal length with equal 64-bit hashes; it could only
-    misplace one request, never change what an engine computes.
+    A cache collision needs two requests whose canonical JSON has equal length and equal 64-bit
+    hash; it could only misplace one request, never change what an engine computes.
     """
 
-    def __init__(self, block_size: int, tokenizer_dir: str | None = None, cache_size: int = 1024):
+    def __init__(
+        self,
+        block_size: int,
+        tokenizer_dir: str | None = None,
+        cache_size: int = 1024,
+        chat_template: str | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        on_fallback: Callable[[str], None] | None = None,
+        render: RenderClient | None = None,
+        render_all: bool = False,
+    ):
         self.block_size = block_size
-        self._encode: Callable[[str], list[int]] | None = None
-        self._template: Any = None
-        self._add_bos: str | None = None
-        # keyed by (hash, length, salt) so cached prompts cost no memory beyond their features
-        self._cache: OrderedDict[tuple[int, int, str | None], Features] = OrderedDict()
+        # vLLM's renderer: for every request (render_all), else for those the router declines
+        self._render = render
+        self._render_all = render_all and render is not None
+        self._requests: RequestTokenizer | None = None
+        self._fallback_ids = tokenizer_dir == FALLBACK_TOKENIZER
+        if tokenizer_dir and not self._fallback_ids:
+            self._requests = RequestTokenizer(
+                HfTokenizer.from_directory(tokenizer_dir),
+                load_template_override(chat_template),
+                chat_template_kwargs,
+            )
+        self._on_fallback = on_fallback
+        self._cache: OrderedDict[tuple[int, int, bool], Features] = OrderedDict()
         self._cache_size = cache_size
-        if tokenizer_dir == FALLBACK_TOKENIZER:
-            self._encode = fallback_token_ids
-        elif tokenizer_dir:
-            self._load_tokenizer(Path(tokenizer_dir))
 
     @property
     def exact(self) -> bool:
-        return self._encode is not None
+        return self._requests is not None or self._fallback_ids or self._render is not None
 
-    def _load_tokenizer(self, path: Path) -> None:
-        from tokenizers import Tokenizer
-
-        file = path / "tokenizer.json" if path.is_dir() else path
-        tokenizer = Tokenizer.from_file(str(file))
-        self._encode = lambda text: list(tokenizer.encode(text, add_special_tokens=True).ids)
-        config_file = file.parent / "tokenizer_config.json"
-        if config_file.exists():
-            config = json.loads(config_file.read_text())
-            template = config.get("chat_template")
-            if isinstance(template, str):
-                try:
-                    import jinja2.sandbox  # type: ignore[import-not-found]
-
-                    env = jinja2.sandbox.ImmutableSandboxedEnvironment()
-                    self._template = env.from_string(template)
-                except ImportError:
-                    self._template = None
-
-    def render_chat(self, messages: list[Any]) -> str:
-        if self._template is not None:
-            return str(self._template.render(messages=messages, add_generation_prompt=True))
-        parts = []
-        for message in messages:
-            if not isinstance(message, dict):
-                continue
-            content = message.get("content")
-            if isinstance(content, list):  # content parts: keep the text ones
-                content = "".join(
-                    str(p.get("text", ""))
-                    for p in content
-                    if isinstance(p, dict) and p.get("type") == "text"
-                )
-            parts.append(f"{message.get('role', 'user')}: {'' if content is None else content}\n")
-        parts.append("assistant:")
-        return "".join(parts)
-
-    def of_body(self, body: dict[str, Any], chat: bool) -> Features:
+    async def features(self, body: dict[str, Any], chat: bool) -> Features:
+        """`of_body`, with vLLM's renderer asked when configured (see `render_client.py`)."""
+        if self._render is None:
+            return self.of_body(body, chat)
+        if not self._render_all:
+            features = self.of_body(body, chat, count_fallback=False)
+            if features.exact:
+                return features
         salt = body.get("cache_salt")
         salt = salt if isinstance(salt, str) else None
-        if chat:
-            messages = body.get("messages")
-            return self.of_text(
-                self.render_chat(messages if isinstance(messages, list) else []), salt
-            )
+        try:
+            return self.of_tokens(await self._render.token_ids(body, chat), salt)
+        except RenderUnavailable as exc:
+            return self._fallback(body, chat, salt, "render", exc)
+
+    def of_body(self, body: dict[str, Any], chat: bool, count_fallback: bool = True) -> Features:
+        salt = body.get("cache_salt")
+        salt = salt if isinstance(salt, str) else None
+        if self._requests is None:
+            return self._without_tokenizer(body, chat, salt)
+        # keyed by the request's rendering inputs, so repeats skip the template and tokenizer
+        try:
+            canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
+        except (TypeError, ValueError):
+            canonical = None
+        cache_key = (hash(canonical), len(canonical), chat) if canonical else None
+        cached = self._cache.get(cache_key) if cache_key else None
+        if cached is not None:
+            self._cache.move_to_end(cache_key)  # type: ignore[arg-type]
+            return cached
+        try:
+            ids = self._requests.chat_ids(body) if chat else self._requests.completion_ids(body)
+        except TemplateUnrenderable as exc:
+            return self._fallback(body, chat, salt, "unsupported" if count_fallback else None, exc)
+        except Exception as exc:  # a tokenizer or template bug must never fail the request
+            return self._fallback(body, chat, salt, "error" if count_fallback else None, exc)
+        features = self.of_tokens(ids, salt)
+        if cache_key is not None:
+            self._cache[cache_key] = features
+            if len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        return features
+
+    def _fallback(
+        self, body: dict[str, Any], chat: bool, salt: str | None, reason: str | None, exc: Exception
+    ) -> Features:
+        log.debug("approximate tokenization (%s): %s", reason, exc)
+        if self._on_fallback is not None and reason is not None:
+            self._on_fallback(reason)
+        return self.approximate(prompt_text(body, chat), salt)
+
+    def _without_tokenizer(self, body: dict[str, Any], chat: bool, salt: str | None) -> Features:
         prompt = body.get("prompt")
-        if isinstance(prompt, list) and prompt:
+        if not chat and isinstance(prompt, list) and prompt:
             first = prompt[0]
             if isinstance(first, int):
                 return self.of_tokens(prompt, salt)
             if isinstance(first, list):
                 return self.of_tokens(first, salt)
-            if isinstance(first, str):
-                return self.of_text(first, salt)
-        if isinstance(prompt, str):
-            return self.of_text(prompt, salt)
-        return Features(0, [], self.exact)
+        text = prompt_text(body, chat)
+        if self._fallback_ids:
+            return self.of_tokens(fallback_token_ids(text), salt)
+        return self.approximate(text, salt)
 
     def of_tokens(self, token_ids: list[int], salt: str | None = None) -> Features:
         try:
@@ -122,19 +154,45 @@ class Featurizer:
             return Features(len(token_ids), [], True)
         return Features(len(token_ids), keys, True)
 
-    def of_text(self, text: str, salt: str | None = None) -> Features:
-        cache_key = (hash(text), len(text), salt)
-        cached = self._cache.get(cache_key)
-        if cached is not None:
-            self._cache.move_to_end(cache_key)
-            return cached
-        if self._encode is not None:
-            features = self.of_tokens(self._encode(text), salt)
-        else:
-            prefix = "" if salt is None else f"\x00{salt}\x00"
-            keys = text_block_keys(prefix + text, CHARS_PER_TOKEN * self.block_size)
-            features = Features(len(text) // CHARS_PER_TOKEN, keys, False)
-        self._cache[cache_key] = features
-        if len(self._cache) > self._cache_size:
-            self._cache.popitem(last=False)
-        return features
+    def approximate(self, text: str, salt: str | None = None) -> Features:
+        prefix = "" if salt is None else f"\x00{salt}\x00"
+        keys = text_block_keys(prefix + text, CHARS_PER_TOKEN * self.block_size)
+        return Features(len(text) // CHARS_PER_TOKEN, keys, False)
+
+
+def featurizer_of(config: RouterConfig, metrics: RouterMetrics) -> Featurizer:
+    """The router's featurizer; requests it cannot tokenize exactly count in the metrics."""
+    return Featurizer(
+        config.block_size,
+        config.tokenizer,
+        chat_template=config.chat_template,
+        chat_template_kwargs=config.chat_template_kwargs,
+        on_fallback=lambda reason: metrics.tokenize_fallbacks.labels(reason).inc(),
+        render=RenderClient(config.render_url) if config.render_url else None,
+        render_all=config.render_mode == "remote",
+    )
+
+
+def prompt_text(body: dict[str, Any], chat: bool) -> str:
+    """The request's text without a tokenizer: the first prompt, or chat as "role: content" lines."""
+    if not chat:
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and prompt:
+            prompt = prompt[0]
+        return prompt if isinstance(prompt, str) else ""
+    messages = body.get("messages")
+    parts = []
+    for message in messages if isinstance(messages, list) else []:
+        if not isinstance(message, dict):
+            continue
+        content = message.get("content")
+        if isinstance(content, list):  # content parts: keep the text ones
+            content = "".join(
+                str(p.get("text", ""))
+                for p in content
+                if isinstance(p, dict) and p.get("type") == "text"
+            )
+        parts.append(f"{message.get('role', 'user')}: {'' if content is None else content}\n")
+    if body.get("add_generation_prompt", True) is not False:
+        parts.append("assistant:")
+    return "".join(parts)

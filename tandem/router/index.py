@@ -3,20 +3,40 @@
 The same structure serves the exact index (fed by engines' KV events) and the approximate one
 (fed by the router's own routing decisions when events are off). Keys are block keys from
 `blocks.py`; each engine owns one bit of a per-key mask so a lookup walks the request's chain once.
+
+Pending entries bridge the gap between sending a request and its KV events: the blocks of a
+request sent to engine e at time t are pending on e until an event stores them (they become real)
+or until t + pending_ttl_s (they are dropped). A lookup counts both:
+
+    held(e, now) = stored(e) | {k : k pending on e, sent at t, t + pending_ttl_s > now}
+    match(keys, e) = max d such that keys[i] in held(e, now) for every i < d
+
+so a burst of same-prefix requests follows the first one while its events are still in flight.
 """
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 
 class PrefixIndex:
     """Block key -> engines holding it; each engine keeps at most `max_blocks_per_engine` keys."""
 
-    def __init__(self, max_blocks_per_engine: int = 262144):
+    def __init__(
+        self,
+        max_blocks_per_engine: int = 262144,
+        pending_ttl_s: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.max_blocks_per_engine = max_blocks_per_engine
+        self.pending_ttl_s = pending_ttl_s
+        self._clock = clock
         self._owners: dict[int, int] = {}  # key -> bitmask of engines
+        self._pending_owners: dict[int, int] = {}  # key -> bitmask of engines it is pending on
+        # engine -> key -> deadline, oldest first (one TTL, so deadlines are in insertion order)
+        self._pending: dict[str, OrderedDict[int, float]] = {}
         self._blocks: dict[str, OrderedDict[int, int]] = {}  # engine -> key -> store count (LRU)
         self._bit: dict[str, int] = {}
         self._free_bits: list[int] = []
@@ -38,7 +58,10 @@ class PrefixIndex:
         blocks = self._engine(engine)
         bit = 1 << self._bit[engine]
         owners = self._owners
+        pending = self._pending.get(engine)
         for key in keys:
+            if pending and pending.pop(key, None) is not None:
+                self._drop_pending_owner(key, bit)
             count = blocks.get(key)
             if count is None:
                 blocks[key] = 1
@@ -65,6 +88,53 @@ class PrefixIndex:
             old, _ = blocks.popitem(last=False)
             self._drop_owner(old, bit)
 
+    def add_pending(self, engine: str, keys: Iterable[int]) -> None:
+        """Blocks of a request just sent to `engine`, held until its events confirm them."""
+        blocks = self._engine(engine)
+        bit = 1 << self._bit[engine]
+        pending = self._pending.setdefault(engine, OrderedDict())
+        owners = self._pending_owners
+        deadline = self._clock() + self.pending_ttl_s
+        for key in keys:
+            if key in blocks:  # already stored: no event will come for it
+                continue
+            pending[key] = deadline
+            pending.move_to_end(key)
+            owners[key] = owners.get(key, 0) | bit
+        while len(pending) > self.max_blocks_per_engine:
+            old, _ = pending.popitem(last=False)
+            self._drop_pending_owner(old, bit)
+
+    def expire_pending(self) -> None:
+        """Drop pending entries past their deadline."""
+        now = self._clock()
+        for engine, pending in self._pending.items():
+            bit = 1 << self._bit[engine]
+            while pending:
+                key, deadline = next(iter(pending.items()))
+                if deadline > now:
+                    break
+                del pending[key]
+                self._drop_pending_owner(key, bit)
+
+    def pending_size(self, engine: str) -> int:
+        pending = self._pending.get(engine)
+        return 0 if pending is None else len(pending)
+
+    def _drop_pending_owner(self, key: int, bit: int) -> None:
+        mask = self._pending_owners.get(key, 0) & ~bit
+        if mask:
+            self._pending_owners[key] = mask
+        else:
+            self._pending_owners.pop(key, None)
+
+    def _clear_pending(self, engine: str) -> None:
+        pending = self._pending.pop(engine, None)
+        if pending:
+            bit = 1 << self._bit[engine]
+            for key in pending:
+                self._drop_pending_owner(key, bit)
+
     def remove(self, engine: str, keys: Iterable[int]) -> None:
         blocks = self._blocks.get(engine)
         if blocks is None:
@@ -89,6 +159,7 @@ class PrefixIndex:
         for key in blocks:
             self._drop_owner(key, bit)
         blocks.clear()
+        self._clear_pending(engine)
 
     def drop_engine(self, engine: str) -> None:
         """Forget an engine that left the pool, and free its bit."""
@@ -105,7 +176,7 @@ class PrefixIndex:
             self._owners.pop(key, None)
 
     def match(self, keys: Sequence[int], engines: Iterable[str]) -> dict[str, int]:
-        """Number of leading blocks of `keys` that each of `engines` holds."""
+        """Number of leading blocks of `keys` that each of `engines` holds (stored or pending)."""
         bits = {e: 1 << self._bit[e] for e in engines if e in self._bit}
         result = dict.fromkeys(engines, 0)
         if not bits or not keys:
@@ -114,9 +185,12 @@ class PrefixIndex:
         for bit in bits.values():
             alive |= bit
         owners = self._owners
+        if self._pending_owners:
+            self.expire_pending()
+        pending = self._pending_owners
         depth = 0
         for key in keys:
-            mask = owners.get(key, 0) & alive
+            mask = (owners.get(key, 0) | pending.get(key, 0)) & alive
             if mask != alive:
                 for engine, bit in bits.items():
                     if alive & bit and not mask & bit:

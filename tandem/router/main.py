@@ -55,6 +55,26 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="directory with the model's tokenizer.json, or tandem-fallback (emulators without one)",
     )
+    p.add_argument(
+        "--chat-template",
+        metavar="FILE_OR_TEXT",
+        help="the engines' --chat-template, when they override the model's own",
+    )
+    p.add_argument(
+        "--render-url",
+        metavar="URL",
+        help="vLLM's renderer (vllm launch render MODEL) for requests the router cannot tokenize",
+    )
+    p.add_argument(
+        "--render-mode",
+        choices=["local", "remote"],
+        help="local: render in the router, the renderer only as fallback; remote: always ask it",
+    )
+    p.add_argument(
+        "--pending-block-seconds",
+        type=float,
+        help="how long blocks of a sent request count as cached before its KV events arrive",
+    )
     p.add_argument("--prefix-weight", type=float)
     p.add_argument("--queue-weight", type=float)
     p.add_argument("--kv-usage-weight", type=float)
@@ -120,6 +140,10 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         "hashAlgo": args.hash_algo,
         "hashSeed": args.hash_seed,
         "tokenizer": args.tokenizer,
+        "chatTemplate": args.chat_template,
+        "pendingBlockSeconds": args.pending_block_seconds,
+        "renderUrl": args.render_url,
+        "renderMode": args.render_mode,
         "logLevel": args.log_level,
     }
     data.update({k: v for k, v in flat.items() if v is not None})

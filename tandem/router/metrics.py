@@ -220,6 +220,11 @@ class RouterMetrics:
         self.disconnects = Counter(
             "tandem_router_client_disconnects_total", "Clients that went away mid-request."
         )
+        self.tokenize_fallbacks = Counter(
+            "tandem_router_tokenize_fallbacks_total",
+            "Requests the router could not tokenize exactly (routed on the approximation).",
+            ["reason"],
+        )
         self.stripped = Counter(
             "tandem_router_stripped_kv_transfer_params_total",
             "Client requests that carried kv_transfer_params (removed).",

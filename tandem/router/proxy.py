@@ -17,7 +17,7 @@ from tandem.router.config import RouterConfig
 from tandem.router.decision import Route, decide_route
 from tandem.router.engines import Engine, EnginePool
 from tandem.router.errors import error_body, sse_error_event
-from tandem.router.features import Featurizer
+from tandem.router.features import featurizer_of
 from tandem.router.httpserver import Request, Responder
 from tandem.router.index import PrefixIndex
 from tandem.router.metrics import RouterMetrics
@@ -106,8 +106,8 @@ class Router:
         self.config = config
         self.pool = pool
         self.metrics = metrics
-        self.featurizer = Featurizer(config.block_size, config.tokenizer)
-        self.exact_index = PrefixIndex(config.index_max_blocks_per_engine)
+        self.featurizer = featurizer_of(config, metrics)
+        self.exact_index = PrefixIndex(config.index_max_blocks_per_engine, config.pending_ttl_s)
         self.approx_index = PrefixIndex(config.index_max_blocks_per_engine)
         # The exact index is consulted only when events can meet request keys (a tokenizer is set).
         self.use_exact = config.kv_events and self.featurizer.exact
@@ -247,7 +247,7 @@ class Router:
     ) -> None:
         stripped = body.pop("\x00stripped", False)
         t_route = time.perf_counter()
-        features = self.featurizer.of_body(body, chat)
+        features = await self.featurizer.features(body, chat)
         exact = self.use_exact and features.exact
         index = self.exact_index if exact else self.approx_index
         index_name = "exact" if exact else "approximate"
@@ -296,6 +296,7 @@ class Router:
                 self.metrics.child(self.metrics.decisions, "disaggregated").inc()
                 if prefill_engine is not None and total_blocks:
                     self.approx_index.touch(prefill_engine.id, features.keys)
+                    self.exact_index.add_pending(prefill_engine.id, features.keys if exact else ())
         elif (
             not prefillers
             and self.config.disaggregation.mode != "never"
@@ -308,6 +309,7 @@ class Router:
             self.metrics.child(self.metrics.decisions, "local").inc()
         if total_blocks:
             self.approx_index.touch(decode.engine.id, features.keys)
+            self.exact_index.add_pending(decode.engine.id, features.keys if exact else ())
         if session:
             self.sessions.put(session, decode.engine.id)
 

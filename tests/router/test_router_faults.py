@@ -68,11 +68,11 @@ async def test_sequence_gap_is_replayed_into_the_index() -> None:
     featurizer = Featurizer(16, str(MODEL_DIR))
 
     def cached(prompt: str) -> int:
-        keys = featurizer.of_text(prompt).keys
+        keys = featurizer.of_body({"prompt": prompt}, chat=False).keys
         return index.match(keys, [engine.url]).get(engine.url, 0) if keys else 0
 
     def full(prompt: str) -> int:
-        return len(featurizer.of_text(prompt).keys)
+        return len(featurizer.of_body({"prompt": prompt}, chat=False).keys)
 
     with running(engine):
         subscriber.start()
