@@ -21,6 +21,14 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 
 
+def _drop_bit(masks: dict[int, int], key: int, bit: int) -> None:
+    mask = masks.get(key, 0) & ~bit
+    if mask:
+        masks[key] = mask
+    else:
+        masks.pop(key, None)
+
+
 class PrefixIndex:
     """Block key -> engines holding it; each engine keeps at most `max_blocks_per_engine` keys."""
 
@@ -122,11 +130,7 @@ class PrefixIndex:
         return 0 if pending is None else len(pending)
 
     def _drop_pending_owner(self, key: int, bit: int) -> None:
-        mask = self._pending_owners.get(key, 0) & ~bit
-        if mask:
-            self._pending_owners[key] = mask
-        else:
-            self._pending_owners.pop(key, None)
+        _drop_bit(self._pending_owners, key, bit)
 
     def _clear_pending(self, engine: str) -> None:
         pending = self._pending.pop(engine, None)
@@ -169,11 +173,7 @@ class PrefixIndex:
             self._free_bits.append(self._bit.pop(engine))
 
     def _drop_owner(self, key: int, bit: int) -> None:
-        mask = self._owners.get(key, 0) & ~bit
-        if mask:
-            self._owners[key] = mask
-        else:
-            self._owners.pop(key, None)
+        _drop_bit(self._owners, key, bit)
 
     def match(self, keys: Sequence[int], engines: Iterable[str]) -> dict[str, int]:
         """Number of leading blocks of `keys` that each of `engines` holds (stored or pending)."""

@@ -55,12 +55,15 @@ async def test_remote_mode_takes_the_renderers_ids(renderer: Any) -> None:
     )
     assert featurizer.exact
     chat = await featurizer.features({"messages": [{"role": "user", "content": "x"}]}, True)
-    assert chat.exact and chat.keys == block_keys(list(range(40)), 16)
+    assert chat.exact
+    assert chat.keys == block_keys(list(range(40)), 16)
     salted = await featurizer.features({"prompt": "y", "cache_salt": "s"}, False)
-    assert salted.prompt_tokens == 33 and salted.keys[0] != block_keys([7] * 33, 16)[0]
+    assert salted.prompt_tokens == 33
+    assert salted.keys[0] != block_keys([7] * 33, 16)[0]
     assert [k for k, _ in seen] == ["chat", "completion"]
     refused = await featurizer.features({"messages": "fail"}, True)
-    assert not refused.exact and reasons == ["render"]
+    assert not refused.exact
+    assert reasons == ["render"]
 
 
 async def test_local_mode_asks_the_renderer_only_for_what_it_declines(renderer: Any) -> None:
@@ -72,14 +75,16 @@ async def test_local_mode_asks_the_renderer_only_for_what_it_declines(renderer: 
         chat_template_kwargs={"date_string": "26 Jul 2024"},
     )
     text = await featurizer.features({"messages": [{"role": "user", "content": "hi"}]}, True)
-    assert text.exact and not seen
+    assert text.exact
+    assert not seen
     image = {
         "messages": [
             {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}
         ]
     }
     delegated = await featurizer.features(image, True)
-    assert delegated.keys == block_keys(list(range(40)), 16) and len(seen) == 1
+    assert delegated.keys == block_keys(list(range(40)), 16)
+    assert len(seen) == 1
 
 
 async def test_an_unreachable_renderer_falls_back_to_the_approximation() -> None:
@@ -95,4 +100,6 @@ async def test_an_unreachable_renderer_falls_back_to_the_approximation() -> None
         on_fallback=reasons.append,
     )
     features = await featurizer.features({"prompt": "z" * 300}, False)
-    assert not features.exact and features.prompt_tokens == 75 and reasons == ["render"]
+    assert not features.exact
+    assert features.prompt_tokens == 75
+    assert reasons == ["render"]

@@ -10,16 +10,9 @@ from typing import Any
 import pytest
 from tokenizers import Tokenizer
 
+from tandem.router import chat_template
 from tandem.router.blocks import block_keys
-from tandem.router.chat_template import (
-    TemplateUnrenderable,
-    content_format,
-    conversation,
-    developer_as_system,
-    render,
-    select_template,
-    tool_schemas,
-)
+from tandem.router.chat_template import TemplateUnrenderable, content_format, conversation
 from tandem.router.features import Featurizer
 from tandem.router.hf_tokenizer import HfTokenizer
 from tandem.router.tokenization import RequestTokenizer, load_template_override
@@ -29,7 +22,7 @@ GOLDEN_TOKENIZER = MODELS / "llama3.1"
 
 
 def _render(source: str, messages: list[dict[str, Any]], **context: Any) -> str:
-    return render(source, messages, context, True, False)
+    return chat_template.render(source, messages, context, True, False)
 
 
 def test_environment_trims_blocks_and_offers_transformers_helpers() -> None:
@@ -123,7 +116,7 @@ def test_conversation_declines_media_and_coerces_bad_arguments() -> None:
 
 
 def test_developer_messages_merge_into_one_system_message() -> None:
-    merged = developer_as_system(
+    merged = chat_template.developer_as_system(
         [
             {"role": "system", "content": "A"},
             {"role": "user", "content": "q"},
@@ -134,33 +127,36 @@ def test_developer_messages_merge_into_one_system_message() -> None:
 
 
 def test_tool_schemas_keep_vllm_fields_only() -> None:
-    tools = tool_schemas(
+    tools = chat_template.tool_schemas(
         [{"type": "function", "extra": 1, "function": {"name": "f", "parameters": {}, "x": 2}}]
     )
     assert tools == [
         {"type": "function", "function": {"name": "f", "description": None, "parameters": {}}}
     ]
     with pytest.raises(TemplateUnrenderable):
-        tool_schemas([])
+        chat_template.tool_schemas([])
 
 
 def test_named_template_selection() -> None:
     named = {"default": "D", "tool_use": "T"}
-    assert select_template(named, None, has_tools=False) == "D"
-    assert select_template(named, None, has_tools=True) == "T"
-    assert select_template(named, "tool_use", has_tools=False) == "T"
-    assert select_template(named, "{{ x }}", has_tools=False) == "{{ x }}"
-    assert select_template("S", None, has_tools=True) == "S"
+    assert chat_template.select_template(named, None, has_tools=False) == "D"
+    assert chat_template.select_template(named, None, has_tools=True) == "T"
+    assert chat_template.select_template(named, "tool_use", has_tools=False) == "T"
+    assert chat_template.select_template(named, "{{ x }}", has_tools=False) == "{{ x }}"
+    assert chat_template.select_template("S", None, has_tools=True) == "S"
     with pytest.raises(TemplateUnrenderable):
-        select_template({"other": "O"}, None, has_tools=False)
+        chat_template.select_template({"other": "O"}, None, has_tools=False)
 
 
 def test_continue_final_message_cuts_at_the_final_content() -> None:
     source = "{% for m in messages %}<{{ m.role }}>{{ m.content }}</{{ m.role }}>{% endfor %}"
     messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "The answer"}]
-    assert render(source, messages, {}, False, True) == "<user>q</user><assistant>The answer"
+    assert (
+        chat_template.render(source, messages, {}, False, True)
+        == "<user>q</user><assistant>The answer"
+    )
     trimming = "{% for m in messages %}[{{ m.content | trim }}]{% endfor %}"
-    assert render(trimming, messages, {}, False, True) == "[q][The answer"
+    assert chat_template.render(trimming, messages, {}, False, True) == "[q][The answer"
 
 
 def test_request_tokenizer_rules(tmp_path: Path) -> None:
