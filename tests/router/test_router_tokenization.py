@@ -261,3 +261,21 @@ def test_featurizer_falls_back_and_counts_unrenderable_requests() -> None:
         {"prompt": "hello " * 40}
     )
     assert featurizer.of_body({"prompt": "hello " * 40}, False).keys == block_keys(ids, 16)
+
+
+def test_documents_reasoning_effort_and_template_kwargs_reach_the_template() -> None:
+    tokenizer = HfTokenizer.from_directory(GOLDEN_TOKENIZER)
+    source = (
+        "{{ documents | map(attribute='title') | join(',') }}|{{ enable_thinking }}|"
+        "{{ reasoning_effort }}|{{ custom }}|{{ tools | length }}"
+    )
+    requests = RequestTokenizer(tokenizer, chat_template=source, default_kwargs={"custom": "d"})
+    body: dict[str, Any] = {
+        "messages": [{"role": "user", "content": "x"}],
+        "documents": [{"title": "a", "text": "1"}, {"title": "b", "text": "2"}],
+        "reasoning_effort": "none",
+        "tools": [{"type": "function", "function": {"name": "f"}}],
+    }
+    assert requests.chat_text(body) == "a,b|False|none|d|1"
+    body["chat_template_kwargs"] = {"custom": "r", "enable_thinking": True}
+    assert requests.chat_text(body) == "a,b|True|none|r|1"
