@@ -7,10 +7,10 @@ model's chat template), cut into the blocks the engines hash, so they meet the K
 (see fallback_tokenizer.py). A request the router cannot tokenize exactly (a template error,
 a content part it does not render) is counted in `tandem_router_tokenize_fallbacks_total` and
 takes the approximation, as every request does without a tokenizer: the prompt text (chat:
-`"{role}: {content}\\n"` per message, then `"assistant:"` unless `add_generation_prompt` is false) is cut into chunks of
-4 x block_size characters (about one block at ~4 characters per token) and the token count is
-estimated as characters / 4; those keys only meet the approximate index built from the
-router's own routing history.
+`"{role}: {content}\\n"` per message, then `"assistant:"` unless `add_generation_prompt` is
+false) is cut into chunks of 4 x block_size characters (about one block at ~4 characters per
+token) and the token count is estimated as characters / 4; those keys only meet the approximate
+index built from the router's own routing history.
 """
 
 from __future__ import annotations
@@ -76,7 +76,8 @@ class Featurizer:
                 chat_template_kwargs,
             )
         self._on_fallback = on_fallback
-        self._cache: OrderedDict[tuple[int, int, bool], Features] = OrderedDict()
+        # (hash, length, chat flag or salt) of the request -> its features
+        self._cache: OrderedDict[tuple[int, int, object], Features] = OrderedDict()
         self._cache_size = cache_size
 
     @property
@@ -107,11 +108,10 @@ class Featurizer:
         try:
             canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
         except (TypeError, ValueError):
-            canonical = None
-        cache_key = (hash(canonical), len(canonical), chat) if canonical else None
-        cached = self._cache.get(cache_key) if cache_key else None
+            canonical = ""
+        key = (hash(canonical), len(canonical), chat)
+        cached = self._cached(key) if canonical else None
         if cached is not None:
-            self._cache.move_to_end(cache_key)  # type: ignore[arg-type]
             return cached
         try:
             ids = self._requests.chat_ids(body) if chat else self._requests.completion_ids(body)
@@ -120,10 +120,18 @@ class Featurizer:
         except Exception as exc:  # a tokenizer or template bug must never fail the request
             return self._fallback(body, chat, salt, "error" if count_fallback else None, exc)
         features = self.of_tokens(ids, salt)
-        if cache_key is not None:
-            self._cache[cache_key] = features
-            if len(self._cache) > self._cache_size:
-                self._cache.popitem(last=False)
+        return self._remember(key, features) if canonical else features
+
+    def _cached(self, key: tuple[int, int, object]) -> Features | None:
+        cached = self._cache.get(key)
+        if cached is not None:
+            self._cache.move_to_end(key)
+        return cached
+
+    def _remember(self, key: tuple[int, int, object], features: Features) -> Features:
+        self._cache[key] = features
+        if len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
         return features
 
     def _fallback(
@@ -143,9 +151,13 @@ class Featurizer:
             if isinstance(first, list):
                 return self.of_tokens(first, salt)
         text = prompt_text(body, chat)
+        key = (hash(text), len(text), salt)
+        cached = self._cached(key)
+        if cached is not None:
+            return cached
         if self._fallback_ids:
-            return self.of_tokens(fallback_token_ids(text), salt)
-        return self.approximate(text, salt)
+            return self._remember(key, self.of_tokens(fallback_token_ids(text), salt))
+        return self._remember(key, self.approximate(text, salt))
 
     def of_tokens(self, token_ids: list[int], salt: str | None = None) -> Features:
         try:
