@@ -113,6 +113,8 @@ class HfTokenizer:
         extra = config.get("extra_special_tokens", config.get("additional_special_tokens"))
         if extra is None:
             extra = special_map.get("additional_special_tokens", [])
+        if isinstance(extra, dict):  # named extra tokens ({"image_token": "<image>"})
+            extra = list(extra.values())
         extra_texts = [t for t in map(_token_text, extra if isinstance(extra, list) else []) if t]
         vocab = backend.get_vocab(with_added_tokens=True)
         missing = [t for t in (*special.values(), *extra_texts) if t not in vocab]
