@@ -194,32 +194,41 @@ def content_format(source: str) -> ContentFormat:
 
 _TEXT_KEYS = {"text": "text", "input_text": "text", "output_text": "text"}
 _TEXT_KEYS |= {"refusal": "refusal", "thinking": "thinking"}
+# Fields of vLLM's content-part schemas; any other key of a text part rides along in "openai"
+# format (e.g. a client's `cache_control`).
+_KNOWN_PART_FIELDS = frozenset(
+    {"audio_embeds", "audio_url", "closed", "data", "file", "image_embeds", "image_pil"}
+    | {"image_url", "input_audio", "name", "prompt_cache_breakpoint", "refusal", "text"}
+    | {"thinking", "type", "uuid", "video_embeds", "video_url"}
+)
 
 
-def _text_parts(content: Any) -> list[str]:
-    """Text of each content part (vLLM skips text parts whose text is null)."""
+def _text_parts(content: Any) -> list[dict[str, Any]]:
+    """Content as `{"type": "text", "text": ..., <extra keys>}` parts (vLLM skips text parts whose
+    text is null; it refuses parts with a `uuid` and renders media, which the router declines)."""
     if content is None:
         return []
     if isinstance(content, str):
-        return [content]
+        return [{"type": "text", "text": content}]
     if not isinstance(content, list):
         raise TemplateUnrenderable("content is neither a string nor a list of parts")
-    texts: list[str] = []
+    parts: list[dict[str, Any]] = []
     for part in content:
         if isinstance(part, str):
-            texts.append(part)
+            parts.append({"type": "text", "text": part})
             continue
         kind = part.get("type") if isinstance(part, dict) else None
         key = _TEXT_KEYS.get(kind) if isinstance(kind, str) else None
-        if key is None or set(part) - {"type", key}:
+        if key is None or part.get("uuid") is not None:
             raise TemplateUnrenderable(f"content part of type {kind!r}")
         text = part.get(key)
         if text is None:
             continue
         if not isinstance(text, str):
             raise TemplateUnrenderable("content part text is not a string")
-        texts.append(text)
-    return texts
+        extra = {k: v for k, v in part.items() if k not in _KNOWN_PART_FIELDS}
+        parts.append({"type": "text", "text": text, **extra})
+    return parts
 
 
 def _tool_call_arguments(arguments: Any) -> Any:
@@ -249,12 +258,12 @@ def conversation(messages: Any, fmt: ContentFormat) -> list[dict[str, Any]]:
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise TemplateUnrenderable("a message without a role")
         role = message["role"]
-        texts = _text_parts(message.get("content"))
+        parts = _text_parts(message.get("content"))
         entry: dict[str, Any] = {"role": role}
         if role == "tool" or fmt == "string":
-            entry["content"] = "\n".join(texts)
+            entry["content"] = "\n".join(p["text"] for p in parts)
         else:
-            entry["content"] = [{"type": "text", "text": t} for t in texts]
+            entry["content"] = parts
         if role == "assistant":
             calls = message.get("tool_calls")
             if calls is not None:

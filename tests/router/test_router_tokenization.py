@@ -95,6 +95,21 @@ def test_conversation_joins_text_parts_for_string_templates() -> None:
     assert as_parts[2]["content"] == "ok"  # tool messages always get a string
 
 
+def test_text_parts_keep_unknown_fields_in_openai_format() -> None:
+    part = {"type": "text", "text": "a", "cache_control": {"type": "ephemeral"}}
+    refusal = {"type": "refusal", "refusal": "no"}
+    messages = [{"role": "user", "content": [part, refusal, {"type": "text", "text": None}]}]
+    assert conversation(messages, "openai")[0]["content"] == [
+        {"type": "text", "text": "a", "cache_control": {"type": "ephemeral"}},
+        {"type": "text", "text": "no"},
+    ]
+    assert conversation(messages, "string")[0]["content"] == "a\nno"
+    with pytest.raises(TemplateUnrenderable):
+        conversation(
+            [{"role": "user", "content": [{"type": "text", "text": "a", "uuid": "u"}]}], "string"
+        )
+
+
 def test_conversation_declines_media_and_coerces_bad_arguments() -> None:
     with pytest.raises(TemplateUnrenderable):
         conversation(

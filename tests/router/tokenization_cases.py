@@ -100,6 +100,20 @@ def chat_cases() -> list[dict[str, Any]]:
                 "{% if add_generation_prompt %}\n<assistant>{% endif %}"
             ),
         ),
+        _chat(
+            "content_part_kinds",
+            [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "Cached part.", "cache_control": {"type": "x"}},
+                        {"type": "input_text", "text": "Input text part."},
+                    ],
+                },
+                {"role": "assistant", "content": [{"type": "refusal", "refusal": "I cannot."}]},
+                follow,
+            ],
+        ),
         _chat("roles_not_alternating", [user, follow]),
         _chat(
             "two_tool_calls",
