@@ -30,7 +30,6 @@ from typing import Any, Literal
 
 import jinja2
 import jinja2.ext
-import jinja2.meta
 import jinja2.nodes
 import jinja2.sandbox
 
@@ -95,12 +94,6 @@ _ENV = _environment()
 @lru_cache(maxsize=64)
 def compile_template(source: str) -> jinja2.Template:
     return _ENV.from_string(source)
-
-
-@lru_cache(maxsize=64)
-def template_variables(source: str) -> frozenset[str]:
-    """Names the template reads from its context."""
-    return frozenset(jinja2.meta.find_undeclared_variables(_ENV.parse(source)))
 
 
 # -- content format detection -------------------------------------------------------------------
