@@ -4,8 +4,10 @@ With the model's tokenizer (`--tokenizer DIR`) the keys are exact: the token ids
 for the request (`tokenization.py`: completions with `add_special_tokens`, chat through the
 model's chat template), cut into the blocks the engines hash, so they meet the KV-event index;
 `--tokenizer tandem-fallback` is exact for `tandem emulate` engines that have no tokenizer.json
-(see fallback_tokenizer.py). A request the router cannot tokenize exactly (a template error,
-a content part it does not render) is counted in `tandem_router_tokenize_fallbacks_total` and
+(see fallback_tokenizer.py). A tokenizer class the router does not reproduce
+(`tokenizer_classes.py`) leaves it without a tokenizer: every request is then counted as
+`tokenizer_class` and takes the approximation (or vLLM's renderer when configured). A request the
+router cannot tokenize exactly (a template error, a content part it does not render) is counted in `tandem_router_tokenize_fallbacks_total` and
 takes the approximation, as every request does without a tokenizer: the prompt text (chat:
 `"{role}: {content}\\n"` per message, then `"assistant:"` unless `add_generation_prompt` is
 false) is cut into chunks of 4 x block_size characters (about one block at ~4 characters per
@@ -25,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from tandem.router.blocks import block_keys, salted_parent, text_block_keys
 from tandem.router.chat_template import TemplateUnrenderable
 from tandem.router.fallback_tokenizer import FALLBACK_TOKENIZER, fallback_token_ids
-from tandem.router.hf_tokenizer import HfTokenizer
+from tandem.router.hf_tokenizer import HfTokenizer, UnsupportedTokenizer
 from tandem.router.render_client import RenderClient, RenderUnavailable
 from tandem.router.tokenization import RequestTokenizer, load_template_override
 
@@ -69,12 +71,26 @@ class Featurizer:
         self._render_all = render_all and render is not None
         self._requests: RequestTokenizer | None = None
         self._fallback_ids = tokenizer_dir == FALLBACK_TOKENIZER
+        # why the model's tokenizer is not reproduced (its class), when it is not
+        self.tokenizer_issue: str | None = None
         if tokenizer_dir and not self._fallback_ids:
-            self._requests = RequestTokenizer(
-                HfTokenizer.from_directory(tokenizer_dir),
-                load_template_override(chat_template),
-                chat_template_kwargs,
-            )
+            try:
+                tokenizer = HfTokenizer.from_directory(tokenizer_dir)
+            except UnsupportedTokenizer as exc:
+                self.tokenizer_issue = str(exc)
+                log.warning(
+                    "tokenizer %s: %s; %s",
+                    tokenizer_dir,
+                    exc,
+                    "token ids come from vLLM's renderer (renderUrl)"
+                    if render is not None
+                    else "routing on the approximation (no exact prefix hits; counted in "
+                    'tandem_router_tokenize_fallbacks_total{reason="tokenizer_class"})',
+                )
+            else:
+                self._requests = RequestTokenizer(
+                    tokenizer, load_template_override(chat_template), chat_template_kwargs
+                )
         self._on_fallback = on_fallback
         # (hash, length, chat flag or salt) of the request -> its features
         self._cache: OrderedDict[tuple[int, int, object], Features] = OrderedDict()
@@ -103,6 +119,8 @@ class Featurizer:
         salt = body.get("cache_salt")
         salt = salt if isinstance(salt, str) else None
         if self._requests is None:
+            if self.tokenizer_issue is not None and count_fallback and self._on_fallback:
+                self._on_fallback("tokenizer_class")
             return self._without_tokenizer(body, chat, salt)
         # keyed by the request's rendering inputs, so repeats skip the template and tokenizer
         try:

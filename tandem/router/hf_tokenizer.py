@@ -17,45 +17,35 @@ with the `tokenizers` library alone (no transformers, no torch in the router):
   tokenizer take priority over `tokenizer_config.json`'s `chat_template`, which is a string or
   a list of `{"name", "template"}`; several templates become a dict by name.
 
-Model-specific tokenizer classes of transformers (`tokenizer_class` other than
-`PreTrainedTokenizerFast` / `TokenizersBackend`) may rebuild parts of the pipeline in Python;
-those are not reproduced: the router still uses `tokenizer.json` as written, and says so in its log.
+The tokenizer class comes first (`tokenizer_classes.py`): transformers' generic class keeps
+`tokenizer.json` as written; the classes in `tokenizer_classes.PIPELINES` (Llama, Gemma, Qwen2,
+Qwen3.5, GPT-2) build their own pipeline around its vocabulary and merges, which is reproduced
+there; any other class raises `UnsupportedTokenizer` (the router then asks vLLM's renderer or
+routes on the approximation, never on ids it cannot vouch for).
 """
 
 from __future__ import annotations
 
 import json
-import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tokenizers import AddedToken, Tokenizer
+from tokenizers import Tokenizer
 
-log = logging.getLogger(__name__)
-
-SPECIAL_TOKEN_NAMES = (
-    "bos_token",
-    "eos_token",
-    "unk_token",
-    "sep_token",
-    "pad_token",
-    "cls_token",
-    "mask_token",
+from tandem.router.tokenizer_classes import (
+    PIPELINES,
+    UnsupportedTokenizer,
+    class_backend,
+    resolve_class,
 )
-GENERIC_CLASSES = {None, "PreTrainedTokenizerFast", "TokenizersBackend"}
+
+__all__ = ["HfTokenizer", "UnsupportedTokenizer", "load_chat_templates"]
+
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
 CHAT_TEMPLATE_DIR = "additional_chat_templates"
 
 ChatTemplates = str | dict[str, str] | None
-
-
-def _token_text(value: Any) -> str | None:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, dict) and isinstance(value.get("content"), str):
-        return str(value["content"])
-    return None
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -91,39 +81,31 @@ class HfTokenizer:
     special_tokens: dict[str, str] = field(default_factory=dict)  # bos_token -> "<s>", ...
     chat_templates: ChatTemplates = None
 
+    tokenizer_class: str = "TokenizersBackend"
+
     @classmethod
     def from_directory(cls, path: str | Path) -> HfTokenizer:
+        """Raises `UnsupportedTokenizer` for a tokenizer class the router does not reproduce."""
         path = Path(path)
         file = path / "tokenizer.json" if path.is_dir() else path
         directory = file.parent
-        backend = Tokenizer.from_file(str(file))
         config = _read_json(directory / "tokenizer_config.json")
+        model_config = _read_json(directory / "config.json")
+        if any(directory.glob("consolidated*.safetensors")) and (
+            (directory / "tekken.json").is_file() or any(directory.glob("tokenizer.model.v*"))
+        ):
+            raise UnsupportedTokenizer("vLLM loads this directory with mistral_common")
+        name = resolve_class(config, model_config)
+        if name is None or (name != "TokenizersBackend" and name not in PIPELINES):
+            raise UnsupportedTokenizer(
+                f"tokenizer_class {config.get('tokenizer_class')!r} with model_type "
+                f"{model_config.get('model_type')!r} (loaded as {name or 'an undetermined class'})"
+                " is not reproduced"
+            )
         special_map = _read_json(directory / "special_tokens_map.json")
-        if config.get("tokenizer_class") not in GENERIC_CLASSES:
-            log.warning(
-                "tokenizer_class %s: tokenizing with tokenizer.json as written; transformers' "
-                "class-specific changes to the pipeline are not reproduced",
-                config.get("tokenizer_class"),
-            )
-        special: dict[str, str] = {}
-        for name in SPECIAL_TOKEN_NAMES:
-            text = _token_text(config.get(name, special_map.get(name)))
-            if text is not None:
-                special[name] = text
-        extra = config.get("extra_special_tokens", config.get("additional_special_tokens"))
-        if extra is None:
-            extra = special_map.get("additional_special_tokens", [])
-        if isinstance(extra, dict):  # named extra tokens ({"image_token": "<image>"})
-            extra = list(extra.values())
-        extra_texts = [t for t in map(_token_text, extra if isinstance(extra, list) else []) if t]
-        vocab = backend.get_vocab(with_added_tokens=True)
-        missing = [t for t in (*special.values(), *extra_texts) if t not in vocab]
-        if missing:
-            backend.add_special_tokens(
-                [AddedToken(t, special=True, normalized=False) for t in dict.fromkeys(missing)]
-            )
-        backend.encode_special_tokens = False
-        return cls(backend, special, load_chat_templates(directory, config))
+        file_json = json.loads(file.read_text(encoding="utf-8"))
+        backend, special = class_backend(name, str(file), file_json, config, special_map)
+        return cls(backend, special, load_chat_templates(directory, config), name)
 
     def encode(self, text: str, add_special_tokens: bool) -> list[int]:
         return list(self.backend.encode(text, add_special_tokens=add_special_tokens).ids)
