@@ -83,6 +83,7 @@ SPM_TRAINING = [
     "naïve café Grüße 1234567890 it's can't won't they'll",
 ]
 
+SPECIAL_TOKENS_MAP = "special_tokens_map.json"  # a field written as that file beside the config
 # name -> (tokenizer.json source, tokenizer_config.json fields, model_type)
 VARIANTS: dict[str, tuple[str, dict[str, Any], str]] = {
     "bytelevel-llama-class": ("bytelevel", {"tokenizer_class": "LlamaTokenizerFast"}, "llama"),
@@ -103,6 +104,16 @@ VARIANTS: dict[str, tuple[str, dict[str, Any], str]] = {
         {"tokenizer_class": "GPT2TokenizerFast", "add_prefix_space": True},
         "gpt2",
     ),
+    "bytelevel-gpt-neox-class": (
+        "bytelevel",
+        {"tokenizer_class": "GPTNeoXTokenizerFast"},
+        "gpt_neox",
+    ),
+    "bytelevel-cohere-class": (
+        "bytelevel",
+        {"tokenizer_class": "CohereTokenizerFast", "bos_token": "<|begin_of_text|>"},
+        "cohere",
+    ),
     "bytelevel-deepseek-v3-llama-class": (
         "bytelevel",
         {"tokenizer_class": "LlamaTokenizerFast"},
@@ -117,6 +128,32 @@ VARIANTS: dict[str, tuple[str, dict[str, Any], str]] = {
             "eos_token": "</s>",
             "unk_token": "<unk>",
             "add_bos_token": True,
+        },
+        "llama",
+    ),
+    "spm-llama2-hub-files": (
+        "llama",
+        {
+            "tokenizer_class": "LlamaTokenizerFast",
+            "legacy": False,
+            "add_bos_token": True,
+            "added_tokens_decoder": {
+                str(i): {
+                    "content": t,
+                    "lstrip": False,
+                    "normalized": False,
+                    "rstrip": False,
+                    "single_word": False,
+                    "special": True,
+                }
+                for i, t in enumerate(SPM_SPECIAL["llama"])
+            },
+            "additional_special_tokens": ["[INST]", "[/INST]"],
+            SPECIAL_TOKENS_MAP: {
+                "bos_token": {"content": "<s>", "lstrip": False, "normalized": False},
+                "eos_token": "</s>",
+                "unk_token": "<unk>",
+            },
         },
         "llama",
     ),
@@ -236,6 +273,9 @@ def build_variants() -> None:
         if source != "bytelevel":
             config = {}
         config.update(fields, chat_template=CHATML, model_max_length=4096)
+        if SPECIAL_TOKENS_MAP in config:
+            special_map = config.pop(SPECIAL_TOKENS_MAP)
+            (out / SPECIAL_TOKENS_MAP).write_text(json.dumps(special_map))
         (out / "tokenizer_config.json").write_text(json.dumps(config, ensure_ascii=False, indent=1))
         (out / "config.json").write_text(json.dumps({**base_config, "model_type": model_type}))
 

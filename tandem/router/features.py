@@ -119,9 +119,10 @@ class Featurizer:
         salt = body.get("cache_salt")
         salt = salt if isinstance(salt, str) else None
         if self._requests is None:
-            if self.tokenizer_issue is not None and count_fallback and self._on_fallback:
-                self._on_fallback("tokenizer_class")
-            return self._without_tokenizer(body, chat, salt)
+            features = self._without_tokenizer(body, chat, salt)
+            if not features.exact and self.tokenizer_issue is not None and count_fallback:
+                self._count_fallback("tokenizer_class")
+            return features
         # keyed by the request's rendering inputs, so repeats skip the template and tokenizer
         try:
             canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
@@ -140,6 +141,10 @@ class Featurizer:
         features = self.of_tokens(ids, salt)
         return self._remember(key, features) if canonical else features
 
+    def _count_fallback(self, reason: str) -> None:
+        if self._on_fallback is not None:
+            self._on_fallback(reason)
+
     def _cached(self, key: tuple[int, int, object]) -> Features | None:
         cached = self._cache.get(key)
         if cached is not None:
@@ -156,8 +161,8 @@ class Featurizer:
         self, body: dict[str, Any], chat: bool, salt: str | None, reason: str | None, exc: Exception
     ) -> Features:
         log.debug("approximate tokenization (%s): %s", reason, exc)
-        if self._on_fallback is not None and reason is not None:
-            self._on_fallback(reason)
+        if reason is not None:
+            self._count_fallback(reason)
         return self.approximate(prompt_text(body, chat), salt)
 
     def _without_tokenizer(self, body: dict[str, Any], chat: bool, salt: str | None) -> Features:

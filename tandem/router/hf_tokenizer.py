@@ -4,14 +4,15 @@ vLLM 0.32 loads tokenizers with transformers 5 (`AutoTokenizer`, the `tokenizers
 directory with `tokenizer.json` that comes down to these rules, which this module reproduces
 with the `tokenizers` library alone (no transformers, no torch in the router):
 
-- the pipeline (normalizer, pre-tokenizer, model, post-processor) is `tokenizer.json`'s; when it
-  has no post-processor, `add_special_tokens=True` adds nothing (`add_bos_token` /
-  `add_eos_token` in `tokenizer_config.json` are ignored whenever `tokenizer.json` exists);
+- the pipeline is `tokenizer.json`'s for the generic class, else the class's (below); its
+  post-processor decides what `add_special_tokens=True` adds: with none, nothing
+  (`add_bos_token` / `add_eos_token` in `tokenizer_config.json` are ignored whenever
+  `tokenizer.json` exists);
 - named special tokens (`bos_token`, `eos_token`, `unk_token`, `sep_token`, `pad_token`,
-  `cls_token`, `mask_token`) come from `tokenizer_config.json`, else `special_tokens_map.json`,
-  as a string or an AddedToken dict (`{"content": ...}`); with `extra_special_tokens` /
-  `additional_special_tokens` they are added to the vocabulary (special, not normalized) when
-  missing, in that order, so they take the next free ids;
+  `cls_token`, `mask_token`) come from `tokenizer_config.json` (`special_tokens_map.json`
+  overrides it when the config has no `added_tokens_decoder`), as a string or an AddedToken dict;
+  with `extra_special_tokens` / `additional_special_tokens` they are added to the vocabulary
+  when missing, in that order, so they take the next free ids (`tokenizer_classes.token_setup`);
 - special tokens in the text are matched as single tokens (`split_special_tokens` is off);
 - chat templates: `chat_template.jinja` and `additional_chat_templates/*.jinja` beside the
   tokenizer take priority over `tokenizer_config.json`'s `chat_template`, which is a string or
@@ -19,7 +20,7 @@ with the `tokenizers` library alone (no transformers, no torch in the router):
 
 The tokenizer class comes first (`tokenizer_classes.py`): transformers' generic class keeps
 `tokenizer.json` as written; the classes in `tokenizer_classes.PIPELINES` (Llama, Gemma, Qwen2,
-Qwen3.5, GPT-2) build their own pipeline around its vocabulary and merges, which is reproduced
+Qwen3.5, GPT-2, GPT-NeoX, Cohere) build their own pipeline around its vocabulary and merges, which is reproduced
 there; any other class raises `UnsupportedTokenizer` (the router then asks vLLM's renderer or
 routes on the approximation, never on ids it cannot vouch for).
 """

@@ -11,12 +11,13 @@ off, no remote code):
    `model_type` is in `INCORRECT_HUB_CLASS`, H otherwise (a generic H gives generic).
 3. Otherwise H itself; without H, R (generic when none is registered).
 
-A `model_type` missing from `REGISTERED` with a non-generic H, a class transformers would not
-find, or remote code (`auto_map`) cannot be decided here: `resolve_class` returns None.
+A `model_type` missing from `REGISTERED` with a non-generic H or without H (transformers may
+register a class for it), a class not known here, or remote code (`auto_map`) cannot be decided
+here: `resolve_class` returns None and the router declines the tokenizer.
 
 Building the pipeline (`class_backend`): a class in `GENERIC` keeps `tokenizer.json` as written.
 A class in `PIPELINES` has its own `__init__` in transformers, which takes only the vocabulary and
-merges (and the post-processor) from `tokenizer.json` and builds the rest itself:
+merges (and the post-processor) from `tokenizer.json` and builds the rest itself (`PIPELINES`):
 
 | class | model | normalizer | pre-tokenizer |
 |---|---|---|---|
@@ -24,6 +25,8 @@ merges (and the post-processor) from `tokenizer.json` and builds the rest itself
 | GemmaTokenizer | BPE, byte fallback, fuse_unk, unk = `unk_token` (default `<unk>`) | Replace(" ", "▁") | Split(" ", merged_with_previous) |
 | Qwen2Tokenizer / Qwen3_5Tokenizer | BPE, no unk | NFC | Split(Qwen regex, isolated) + ByteLevel(add_prefix_space, no regex) |
 | GPT2Tokenizer | BPE | none | ByteLevel(add_prefix_space) |
+| GPTNeoXTokenizer | BPE | NFC | ByteLevel(add_prefix_space, trim_offsets); no post-processing |
+| CohereTokenizer | BPE | NFC | Digits(individual) + ByteLevel(add_prefix_space) |
 
 *`add_prefix_space` (default true) and `legacy` (default false): "first" when both say so,
 "always" with legacy, "never" without a prefix space. The added tokens are then added again in
@@ -36,7 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tokenizers import AddedToken, Regex, Tokenizer, normalizers, pre_tokenizers
+from tokenizers import AddedToken, Regex, Tokenizer, normalizers, pre_tokenizers, processors
 from tokenizers.models import BPE
 
 GENERIC = frozenset(
@@ -245,16 +248,67 @@ def _gpt2(file: dict[str, Any], config: dict[str, Any]) -> Tokenizer:
     return backend
 
 
-# class -> (pipeline builder, default named tokens of its __init__, re-adds its special tokens)
-PIPELINES: dict[
-    str, tuple[Callable[[dict[str, Any], dict[str, Any]], Tokenizer], dict[str, str], bool]
-] = {
-    "LlamaTokenizer": (
-        _llama,
-        {"unk_token": "<unk>", "bos_token": "<s>", "eos_token": "</s>"},
-        False,
+def _gpt_neox(file: dict[str, Any], config: dict[str, Any]) -> Tokenizer:
+    vocab, merges = _vocab_and_merges(file)
+    backend = Tokenizer(
+        BPE(
+            vocab=vocab,
+            merges=merges,
+            continuing_subword_prefix="",
+            end_of_word_suffix="",
+            fuse_unk=False,
+        )
+    )
+    backend.normalizer = normalizers.NFC()
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(
+        add_prefix_space=bool(config.get("add_prefix_space", False)),
+        trim_offsets=bool(config.get("trim_offsets", True)),
+    )
+    return backend
+
+
+def _cohere(file: dict[str, Any], config: dict[str, Any]) -> Tokenizer:
+    vocab, merges = _vocab_and_merges(file)
+    backend = Tokenizer(
+        BPE(
+            vocab=vocab,
+            merges=merges,
+            continuing_subword_prefix="",
+            end_of_word_suffix="",
+            fuse_unk=False,
+        )
+    )
+    backend.normalizer = normalizers.NFC()
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(
+                add_prefix_space=bool(config.get("add_prefix_space", False)), trim_offsets=True
+            ),
+        ]
+    )
+    return backend
+
+
+@dataclass(frozen=True)
+class ClassPipeline:
+    """A transformers tokenizer class with its own `__init__`."""
+
+    build: Callable[[dict[str, Any], dict[str, Any]], Tokenizer]
+    defaults: dict[str, str]  # the named tokens its __init__ defaults to
+    # what its __init__ does after TokenizersBackend's: "" (nothing), "readd_special" (adds the
+    # special tokens once more), "post_init" (adds them as special tokens), "no_post_processor"
+    # (replaces the post-processor with one that adds nothing: add_bos/eos_token are dropped
+    # when tokenizer.json exists)
+    finish: str = ""
+
+
+_ENDOFTEXT = "<|endoftext|>"
+PIPELINES: dict[str, ClassPipeline] = {
+    "LlamaTokenizer": ClassPipeline(
+        _llama, {"unk_token": "<unk>", "bos_token": "<s>", "eos_token": "</s>"}
     ),
-    "GemmaTokenizer": (
+    "GemmaTokenizer": ClassPipeline(
         _gemma,
         {
             "unk_token": "<unk>",
@@ -263,28 +317,45 @@ PIPELINES: dict[
             "pad_token": "<pad>",
             "mask_token": "<mask>",
         },
-        False,
     ),
-    "Qwen2Tokenizer": (
+    "Qwen2Tokenizer": ClassPipeline(
         _qwen(QWEN2_REGEX),
-        {"unk_token": "<|endoftext|>", "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>"},
-        True,
+        {"unk_token": _ENDOFTEXT, "eos_token": _ENDOFTEXT, "pad_token": _ENDOFTEXT},
+        "readd_special",
     ),
-    "Qwen3_5Tokenizer": (
+    "Qwen3_5Tokenizer": ClassPipeline(
         _qwen(QWEN3_5_REGEX),
-        {"unk_token": "<|endoftext|>", "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>"},
-        False,
+        {"unk_token": _ENDOFTEXT, "eos_token": _ENDOFTEXT, "pad_token": _ENDOFTEXT},
     ),
-    "GPT2Tokenizer": (
-        _gpt2,
-        {"unk_token": "<|endoftext|>", "bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>"},
-        False,
+    "GPT2Tokenizer": ClassPipeline(
+        _gpt2, {"unk_token": _ENDOFTEXT, "bos_token": _ENDOFTEXT, "eos_token": _ENDOFTEXT}
+    ),
+    "GPTNeoXTokenizer": ClassPipeline(
+        _gpt_neox,
+        {
+            "unk_token": _ENDOFTEXT,
+            "bos_token": _ENDOFTEXT,
+            "eos_token": _ENDOFTEXT,
+            "pad_token": "<|padding|>",
+        },
+        "no_post_processor",
+    ),
+    "CohereTokenizer": ClassPipeline(
+        _cohere,
+        {
+            "unk_token": "<UNK>",
+            "bos_token": "<BOS_TOKEN>",
+            "eos_token": "<|END_OF_TURN_TOKEN|>",
+            "pad_token": "<PAD>",
+            "cls_token": "<CLS>",
+            "sep_token": "<SEP>",
+            "mask_token": "<MASK_TOKEN>",
+        },
+        "post_init",
     ),
 }
 # classes transformers knows but whose pipelines are not reproduced here
-KNOWN_UNREPRODUCED = frozenset(
-    {"CohereTokenizer", "GPTNeoXTokenizer", "CodeLlamaTokenizer", "T5Tokenizer"}
-)
+KNOWN_UNREPRODUCED = frozenset({"CodeLlamaTokenizer", "T5Tokenizer"})
 
 
 def _token_text(value: Any) -> str | None:
@@ -391,21 +462,33 @@ def class_backend(
 ) -> tuple[Tokenizer, dict[str, str]]:
     """The backend tokenizer transformers builds for class `name` (from `resolve_class`) and the
     named special tokens it ends with (what chat templates see)."""
-    readds_special = False
-    if name == "TokenizersBackend":
+    pipeline = PIPELINES.get(name)
+    if pipeline is None:  # generic
         backend = Tokenizer.from_file(file_path)
         setup = token_setup(file, config, special_map)
     else:
-        build, defaults, readds_special = PIPELINES[name]
-        backend = build(file, config)
+        backend = pipeline.build(file, config)
         post_processor = Tokenizer.from_file(file_path).post_processor
         if post_processor is not None:
             backend.post_processor = post_processor
-        setup = token_setup(file, config, special_map, defaults)
+        setup = token_setup(file, config, special_map, pipeline.defaults)
     add_tokens_as_transformers(backend, setup)
-    if readds_special:  # Qwen2Tokenizer's __init__ ends by adding its special tokens once more
-        texts = dict.fromkeys(str(t) for t in (*setup.named.values(), *setup.extra))
+    finish = pipeline.finish if pipeline else ""
+    specials = (*setup.named.values(), *setup.extra)
+    if finish == "readd_special":
+        texts = dict.fromkeys(str(t) for t in specials)
         backend.add_tokens([AddedToken(t, special=True) for t in texts])
+    elif finish == "post_init":
+        backend.add_special_tokens(
+            [
+                t if isinstance(t, AddedToken) else AddedToken(t, special=True, normalized=False)
+                for t in specials
+            ]
+        )
+    elif finish == "no_post_processor":
+        backend.post_processor = processors.TemplateProcessing(
+            single="$A:0", pair="$A:0 $B:1", special_tokens=[]
+        )
     backend.encode_special_tokens = False
     backend.no_truncation()
     backend.no_padding()

@@ -9,7 +9,9 @@ and checks its ids equal the in-process ones on every request.
 
 from __future__ import annotations
 
+import shutil
 import socket
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -85,6 +87,27 @@ async def test_local_mode_asks_the_renderer_only_for_what_it_declines(renderer: 
     delegated = await featurizer.features(image, True)
     assert delegated.keys == block_keys(list(range(40)), 16)
     assert len(seen) == 1
+
+
+async def test_an_unreproduced_tokenizer_class_takes_the_renderers_ids(
+    renderer: Any, tmp_path: Path
+) -> None:
+    url, seen = renderer
+    directory = tmp_path / "model"
+    shutil.copytree("tests/router/fixtures/tokenization/classes/spm-llama2", directory)
+    (directory / "tokenizer_config.json").write_text('{"tokenizer_class": "T5TokenizerFast"}')
+    (directory / "config.json").write_text('{"model_type": "t5"}')
+    reasons: list[str] = []
+    featurizer = Featurizer(
+        16, str(directory), render=RenderClient(url), on_fallback=reasons.append
+    )
+    assert featurizer.exact
+    assert featurizer.tokenizer_issue is not None
+    chat = await featurizer.features({"messages": [{"role": "user", "content": "hi"}]}, True)
+    assert chat.exact
+    assert chat.keys == block_keys(list(range(40)), 16)
+    assert [k for k, _ in seen] == ["chat"]
+    assert reasons == []
 
 
 async def test_an_unreachable_renderer_falls_back_to_the_approximation() -> None:

@@ -20,7 +20,7 @@ import pytest
 from tandem.router.features import Featurizer
 from tandem.router.hf_tokenizer import HfTokenizer, UnsupportedTokenizer
 from tandem.router.tokenization import RequestTokenizer
-from tandem.router.tokenizer_classes import resolve_class
+from tandem.router.tokenizer_classes import PIPELINES, resolve_class
 
 FIXTURES = Path(__file__).parent / "fixtures" / "tokenization"
 CLASSES = json.loads((FIXTURES / "classes.json").read_text(encoding="utf-8"))
@@ -72,7 +72,7 @@ def test_class_choice_matches_transformers_or_declines(row: dict[str, Any]) -> N
     chosen = resolve_class(config, {"model_type": row["model_type"]})
     assert chosen in (row["class"], None)
     # every class the router reproduces or keeps generic is chosen exactly as transformers does
-    if row["class"] in ("TokenizersBackend", "LlamaTokenizer", "GemmaTokenizer", "Qwen2Tokenizer"):
+    if row["class"] in ("TokenizersBackend", *PIPELINES):
         assert chosen == row["class"]
 
 
@@ -122,7 +122,7 @@ def _copy_with(tmp_path: Path, config: dict[str, Any], model_type: str) -> Path:
 
 
 def test_unreproduced_class_is_declined(tmp_path: Path) -> None:
-    directory = _copy_with(tmp_path, {"tokenizer_class": "CohereTokenizerFast"}, "cohere")
+    directory = _copy_with(tmp_path, {"tokenizer_class": "CodeLlamaTokenizerFast"}, "llama")
     with pytest.raises(UnsupportedTokenizer):
         HfTokenizer.from_directory(directory)
     unknown = _copy_with(tmp_path / "x", {"tokenizer_class": "LlamaTokenizerFast"}, "brand_new")
@@ -131,7 +131,7 @@ def test_unreproduced_class_is_declined(tmp_path: Path) -> None:
 
 
 def test_featurizer_routes_an_unreproduced_class_on_the_approximation(tmp_path: Path) -> None:
-    directory = _copy_with(tmp_path, {"tokenizer_class": "CohereTokenizerFast"}, "cohere")
+    directory = _copy_with(tmp_path, {"tokenizer_class": "CodeLlamaTokenizerFast"}, "llama")
     reasons: list[str] = []
     featurizer = Featurizer(16, str(directory), on_fallback=reasons.append)
     assert not featurizer.exact
@@ -139,3 +139,13 @@ def test_featurizer_routes_an_unreproduced_class_on_the_approximation(tmp_path: 
     features = featurizer.of_body({"prompt": "Hello world, hello world"}, chat=False)
     assert not features.exact
     assert reasons == ["tokenizer_class"]
+
+
+def test_token_id_prompts_stay_exact_without_the_tokenizer(tmp_path: Path) -> None:
+    directory = _copy_with(tmp_path, {"tokenizer_class": "T5TokenizerFast"}, "t5")
+    reasons: list[str] = []
+    featurizer = Featurizer(4, str(directory), on_fallback=reasons.append)
+    features = featurizer.of_body({"prompt": [1, 2, 3, 4, 5, 6, 7, 8]}, chat=False)
+    assert features.exact
+    assert features.prompt_tokens == 8
+    assert reasons == []
