@@ -203,91 +203,60 @@ def _gemma(file: dict[str, Any], config: dict[str, Any]) -> Tokenizer:
     return backend
 
 
+def _byte_level_bpe(
+    file: dict[str, Any],
+    normalizer: normalizers.Normalizer | None,
+    pre_tokenizer: pre_tokenizers.PreTokenizer,
+) -> Tokenizer:
+    """The GPT-2 family's model: BPE without unk, prefixes or suffixes."""
+    vocab, merges = _vocab_and_merges(file)
+    bpe = BPE(
+        vocab=vocab,
+        merges=merges,
+        continuing_subword_prefix="",
+        end_of_word_suffix="",
+        fuse_unk=False,
+    )
+    backend = Tokenizer(bpe)
+    backend.normalizer = normalizer
+    backend.pre_tokenizer = pre_tokenizer
+    return backend
+
+
+def _prefix_space(config: dict[str, Any]) -> bool:
+    return bool(config.get("add_prefix_space") or False)
+
+
 def _qwen(regex: str) -> Callable[[dict[str, Any], dict[str, Any]], Tokenizer]:
     def build(file: dict[str, Any], config: dict[str, Any]) -> Tokenizer:
-        vocab, merges = _vocab_and_merges(file)
-        backend = Tokenizer(
-            BPE(
-                vocab=vocab,
-                merges=merges,
-                continuing_subword_prefix="",
-                end_of_word_suffix="",
-                fuse_unk=False,
-                byte_fallback=False,
-            )
+        split = pre_tokenizers.Split(Regex(regex), behavior="isolated", invert=False)
+        byte_level = pre_tokenizers.ByteLevel(
+            add_prefix_space=_prefix_space(config), use_regex=False
         )
-        backend.normalizer = normalizers.NFC()
-        backend.pre_tokenizer = pre_tokenizers.Sequence(
-            [
-                pre_tokenizers.Split(Regex(regex), behavior="isolated", invert=False),
-                pre_tokenizers.ByteLevel(
-                    add_prefix_space=bool(config.get("add_prefix_space") or False),
-                    use_regex=False,
-                ),
-            ]
+        return _byte_level_bpe(
+            file, normalizers.NFC(), pre_tokenizers.Sequence([split, byte_level])
         )
-        return backend
 
     return build
 
 
 def _gpt2(file: dict[str, Any], config: dict[str, Any]) -> Tokenizer:
-    vocab, merges = _vocab_and_merges(file)
-    backend = Tokenizer(
-        BPE(
-            vocab=vocab,
-            merges=merges,
-            continuing_subword_prefix="",
-            end_of_word_suffix="",
-            fuse_unk=False,
-        )
+    return _byte_level_bpe(
+        file, None, pre_tokenizers.ByteLevel(add_prefix_space=_prefix_space(config))
     )
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(
-        add_prefix_space=bool(config.get("add_prefix_space", False))
-    )
-    return backend
 
 
 def _gpt_neox(file: dict[str, Any], config: dict[str, Any]) -> Tokenizer:
-    vocab, merges = _vocab_and_merges(file)
-    backend = Tokenizer(
-        BPE(
-            vocab=vocab,
-            merges=merges,
-            continuing_subword_prefix="",
-            end_of_word_suffix="",
-            fuse_unk=False,
-        )
+    byte_level = pre_tokenizers.ByteLevel(
+        add_prefix_space=_prefix_space(config), trim_offsets=bool(config.get("trim_offsets", True))
     )
-    backend.normalizer = normalizers.NFC()
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(
-        add_prefix_space=bool(config.get("add_prefix_space", False)),
-        trim_offsets=bool(config.get("trim_offsets", True)),
-    )
-    return backend
+    return _byte_level_bpe(file, normalizers.NFC(), byte_level)
 
 
 def _cohere(file: dict[str, Any], config: dict[str, Any]) -> Tokenizer:
-    vocab, merges = _vocab_and_merges(file)
-    backend = Tokenizer(
-        BPE(
-            vocab=vocab,
-            merges=merges,
-            continuing_subword_prefix="",
-            end_of_word_suffix="",
-            fuse_unk=False,
-        )
-    )
-    backend.normalizer = normalizers.NFC()
-    backend.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Digits(individual_digits=True),
-            pre_tokenizers.ByteLevel(
-                add_prefix_space=bool(config.get("add_prefix_space", False)), trim_offsets=True
-            ),
-        ]
-    )
-    return backend
+    digits = pre_tokenizers.Digits(individual_digits=True)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=_prefix_space(config), trim_offsets=True)
+    return _byte_level_bpe(file, normalizers.NFC(), pre_tokenizers.Sequence([digits, byte_level]))
 
 
 @dataclass(frozen=True)
