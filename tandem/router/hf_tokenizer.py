@@ -105,7 +105,10 @@ class HfTokenizer:
             )
         special_map = _read_json(directory / "special_tokens_map.json")
         file_json = json.loads(file.read_text(encoding="utf-8"))
-        backend, special = class_backend(name, str(file), file_json, config, special_map)
+        legacy_added = _read_json(directory / "added_tokens.json")
+        backend, special = class_backend(
+            name, str(file), file_json, config, special_map, legacy_added
+        )
         return cls(backend, special, load_chat_templates(directory, config), name)
 
     def encode(self, text: str, add_special_tokens: bool) -> list[int]:

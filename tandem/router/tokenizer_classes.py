@@ -355,12 +355,14 @@ def token_setup(
     file: dict[str, Any],
     config: dict[str, Any],
     special_map: dict[str, Any],
+    legacy_added: dict[str, int],
     defaults: dict[str, str] | None = None,
 ) -> TokenSetup:
     """Added and special tokens as `PreTrainedTokenizerBase._from_pretrained` reads them.
 
     `added_tokens_decoder` in tokenizer_config.json wins; without it `special_tokens_map.json`
-    overrides the config's named tokens and tokenizer.json's `added_tokens` are the added tokens.
+    overrides the config's named tokens and the added tokens are `added_tokens.json`'s
+    (`legacy_added`; normalized unless special), then tokenizer.json's `added_tokens` by id.
     Named tokens equal to an added token take that token's flags; `defaults` are the class
     `__init__`'s own defaults for names the files leave out.
     """
@@ -378,6 +380,21 @@ def token_setup(
             if key == "additional_special_tokens" and not config.get("extra_special_tokens"):
                 key = "extra_special_tokens"
             config[key] = value
+        # AddedToken dicts of the config are not converted yet at this point: they never match
+        extras = config.get("extra_special_tokens")
+        special = {
+            str(value)
+            for value in (
+                *(config.get(k) for k in SPECIAL_TOKEN_NAMES),
+                *(extras if isinstance(extras, list) else []),
+            )
+            if value and not isinstance(value, dict)
+        }
+        for text, index in legacy_added.items():
+            is_special = text in special
+            decoder[int(index)] = AddedToken(
+                text, lstrip=False, rstrip=False, normalized=not is_special, special=is_special
+            )
         for data in file.get("added_tokens", []):
             decoder[int(data["id"])] = _added_token(data)
     by_text = {str(t): t for t in decoder.values()}
@@ -428,19 +445,20 @@ def class_backend(
     file: dict[str, Any],
     config: dict[str, Any],
     special_map: dict[str, Any],
+    legacy_added: dict[str, int],
 ) -> tuple[Tokenizer, dict[str, str]]:
     """The backend tokenizer transformers builds for class `name` (from `resolve_class`) and the
     named special tokens it ends with (what chat templates see)."""
     pipeline = PIPELINES.get(name)
     if pipeline is None:  # generic
         backend = Tokenizer.from_file(file_path)
-        setup = token_setup(file, config, special_map)
+        setup = token_setup(file, config, special_map, legacy_added)
     else:
         backend = pipeline.build(file, config)
         post_processor = Tokenizer.from_file(file_path).post_processor
         if post_processor is not None:
             backend.post_processor = post_processor
-        setup = token_setup(file, config, special_map, pipeline.defaults)
+        setup = token_setup(file, config, special_map, legacy_added, pipeline.defaults)
     add_tokens_as_transformers(backend, setup)
     finish = pipeline.finish if pipeline else ""
     specials = (*setup.named.values(), *setup.extra)
