@@ -35,6 +35,7 @@ transformers' order (see `add_tokens_as_transformers`), which can renumber them.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -455,7 +456,13 @@ def class_backend(
         setup = token_setup(file, config, special_map, legacy_added)
     else:
         backend = pipeline.build(file, config)
-        post_processor = Tokenizer.from_file(file_path).post_processor
+        # the file's post-processor, read as transformers does: without vocabulary or merges
+        minimal = {
+            **file,
+            "added_tokens": [],
+            "model": {**file["model"], "vocab": {}, "merges": []},
+        }
+        post_processor = Tokenizer.from_str(json.dumps(minimal)).post_processor
         if post_processor is not None:
             backend.post_processor = post_processor
         setup = token_setup(file, config, special_map, legacy_added, pipeline.defaults)
