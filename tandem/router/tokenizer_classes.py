@@ -138,10 +138,9 @@ def resolve_class(tokenizer_config: dict[str, Any], model_config: dict[str, Any]
     if model_type in VLLM_GENERIC_MODEL_TYPES:
         return "TokenizersBackend"
     auto_map = tokenizer_config.get("auto_map")
+    # remote code, or (vLLM without --trust-remote-code) another branch of transformers' rules
     if isinstance(auto_map, list) or (isinstance(auto_map, dict) and "AutoTokenizer" in auto_map):
-        return (
-            None  # remote code, or (vLLM without --trust-remote-code) another branch of the rules
-        )
+        return None
     hub = tokenizer_config.get("tokenizer_class") or model_config.get("tokenizer_class")
     hub = _base_name(hub) if isinstance(hub, str) else None
     if isinstance(model_type, str) and model_type:
@@ -400,7 +399,7 @@ def token_setup(
             decoder[int(data["id"])] = _added_token(data)
     by_text = {str(t): t for t in decoder.values()}
     named: dict[str, str | AddedToken] = {}
-    for key in (*SPECIAL_TOKEN_NAMES, *sorted(k for k in config if k.endswith("_token"))):
+    for key in (*SPECIAL_TOKEN_NAMES, *(k for k in config if k.endswith("_token"))):
         value = config.get(key, (defaults or {}).get(key))
         if isinstance(value, dict) and value.get("__type") == "AddedToken":
             value = _added_token(value)
