@@ -257,7 +257,8 @@ class EngineSpec(_Model):
     block_size: Literal[1, 8, 16, 32, 64, 128] = Field(16, alias="blockSize")
     """KV-cache block size in tokens (--block-size); the router hashes prefixes with the same size."""
     kv_connector: Literal["NixlConnector"] = Field("NixlConnector", alias="kvConnector")
-    """KV-transfer connector between prefill and decode pods (--kv-transfer-config)."""
+    """KV-transfer connector between prefill and decode pods (--kv-transfer-config). Decode pods
+    also get `kv_load_failure_policy: recompute`: a failed KV pull recomputes the prompt there."""
     kv_buffer_device: Literal["cuda", "cpu"] | None = Field(None, alias="kvBufferDevice")
     """Where the connector stages KV blocks; vLLM picks the accelerator when unset."""
     kv_connector_extra_config: dict[str, Any] = Field(

@@ -127,9 +127,11 @@ def test_vllm_args_of_each_pool(pd_cluster: ServingCluster, role: str, kv_role: 
     assert flag(args, "--prefix-caching-hash-algo") == "sha256_cbor"
     assert flag(args, "--max-num-batched-tokens") == "8192"
     assert flag(args, "--max-model-len") == "16384"
+    # A failed KV pull makes the decode engine recompute the prompt, not fail the request.
+    recompute = ',"kv_load_failure_policy":"recompute"' if role == "decode" else ""
     assert (
         flag(args, "--kv-transfer-config")
-        == f'{{"kv_connector":"NixlConnector","kv_role":"{kv_role}"}}'
+        == f'{{"kv_connector":"NixlConnector","kv_role":"{kv_role}"{recompute}}}'
     )
     assert json.loads(flag(args, "--kv-events-config")) == {
         "enable_kv_cache_events": True,
