@@ -455,7 +455,10 @@ class RouterSpec(_Model):
     metrics_scrape_interval_seconds: float = Field(0.5, gt=0, alias="metricsScrapeIntervalSeconds")
     """How often the router reads each engine's /metrics (queue depth, KV usage)."""
     tokenizer: str | None = None
-    """Directory with tokenizer.json inside the router pod; unset = a documented approximation."""
+    """Directory with tokenizer.json inside the router image. Unset: a Hugging Face model's
+    tokenizer files are fetched by an init container of the engine image, a model on
+    `model.cache` is mounted read-only; otherwise the router keys prefixes by an approximation
+    and condition ExactTokenization is False."""
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", alias="logLevel")
     """Router log level."""
     resources: ResourceRequirements = Field(
@@ -703,7 +706,7 @@ class Condition(_Status):
     """A standard Kubernetes condition."""
 
     type: str
-    """Ready, Progressing, Degraded or ScalingLimited."""
+    """Ready, Progressing, Degraded, ExactTokenization or ScalingLimited."""
     status: Literal["True", "False", "Unknown"]
     """Whether the condition holds."""
     reason: str = ""
@@ -764,7 +767,7 @@ class ServingClusterStatus(_Status):
     router: PoolStatus | None = None
     """Router Deployment."""
     conditions: list[Condition] = Field(default_factory=list)
-    """Ready, Progressing, Degraded, ScalingLimited."""
+    """Ready, Progressing, Degraded, ExactTokenization, ScalingLimited."""
     autoscaling: AutoscalingStatus | None = None
     """Autoscaler decisions."""
     engine_key_secret: GeneratedSecret | None = Field(None, alias="engineKeySecret")

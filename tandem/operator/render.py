@@ -22,6 +22,7 @@ from tandem.operator.api import (
     Toleration,
     pool_replicas,
 )
+from tandem.operator.tokenizer import router_tokenizer, tokenizer_pod_parts
 from tandem.router.config import (
     AdmissionConfig,
     AuthConfig,
@@ -537,11 +538,12 @@ def router_config(
 
 
 def router_config_map(sc: ServingCluster) -> dict[str, Any]:
+    config = router_config(sc, tokenizer=router_tokenizer(sc).path)
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": _meta(sc, child_name(sc, "router"), "router"),
-        "data": {ROUTER_CONFIG_KEY: router_config(sc).to_yaml()},
+        "data": {ROUTER_CONFIG_KEY: config.to_yaml()},
     }
 
 
@@ -603,6 +605,10 @@ def router_deployment(sc: ServingCluster) -> dict[str, Any]:
         },
         "securityContext": container_security_context(ROUTER_UID, router.security_context),
     }
+    init_containers, tokenizer_volumes, tokenizer_mounts = tokenizer_pod_parts(
+        sc, container_security_context(ROUTER_UID, router.security_context)
+    )
+    container["volumeMounts"] += tokenizer_mounts
     if router.env:
         container["env"] = _env_dicts(router.env)
     annotations = {
@@ -632,8 +638,9 @@ def router_deployment(sc: ServingCluster) -> dict[str, Any]:
                     "securityContext": pod_security_context(
                         ROUTER_UID, router.pod_security_context
                     ),
+                    **({"initContainers": init_containers} if init_containers else {}),
                     "containers": [container],
-                    "volumes": volumes,
+                    "volumes": [*volumes, *tokenizer_volumes],
                     "terminationGracePeriodSeconds": 30,
                     **_pull_secrets(sc),
                     **_placement(router.node_selector, router.tolerations, router.affinity),
@@ -781,6 +788,7 @@ def network_policies(sc: ServingCluster) -> list[dict[str, Any]]:
 
     - router  in:  http from `allowFrom` (anyone when empty) and from Prometheus;
               out: engines' http, kv-events and kv-replay; DNS; the API server (pod discovery);
+                   model download while its init container fetches a Hub model's tokenizer;
     - engine  in:  http, kv-events, kv-replay from this cluster's router; http from Prometheus;
                    NIXL side channel and transfer ports from the other pool of this cluster;
               out: NIXL ports of the other pool; DNS; model download (unless the cache is
@@ -802,6 +810,8 @@ def network_policies(sc: ServingCluster) -> list[dict[str, Any]]:
         *_dns_egress(sc),
         *_egress_to(policy.api_server.to, policy.api_server.ports),
     ]
+    if router_tokenizer(sc).kind == "hub":  # the init container fetches the tokenizer files
+        router_egress += _egress_to(policy.model_download.to, policy.model_download.ports)
     objects = [
         _policy(
             sc,

@@ -20,6 +20,7 @@ from tandem.operator.render import (
     vllm_args,
     vllm_env,
 )
+from tandem.operator.tokenizer import TOKENIZER_DIR
 from tandem.router.config import RouterConfig
 
 K8S_VERSION = "1.34.0"
@@ -268,7 +269,7 @@ def test_router_objects(pd_cluster: ServingCluster) -> None:
     assert pod["serviceAccountName"] == "llama-8b-router"
     config_map = by_kind(objects, "ConfigMap", "llama-8b-router")
     config = RouterConfig.model_validate(yaml.safe_load(config_map["data"]["router.yaml"]))
-    assert config == router_config(pd_cluster)
+    assert config == router_config(pd_cluster, tokenizer=TOKENIZER_DIR)
     role = by_kind(objects, "Role", "llama-8b-router")
     assert role["rules"] == [
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
