@@ -27,6 +27,12 @@ from tandem.operator.render import (
     vllm_args,
     vllm_env,
 )
+from tandem.operator.tokenizer import (
+    FETCH_CONTAINER,
+    FETCH_SCRIPT,
+    TOKENIZER_FILES,
+    router_tokenizer,
+)
 from tandem.router.config import AuthConfig, RouterConfig, StaticDiscovery, StaticEndpoint
 from tandem.router.fallback_tokenizer import FALLBACK_TOKENIZER
 
@@ -74,6 +80,7 @@ class LocalPlan:
     router: ProcessSpec
     router_config: RouterConfig
     notes: list[str] = field(default_factory=list)
+    tokenizer_fetch: ProcessSpec | None = None  # runs to completion before the router starts
 
     @property
     def endpoint(self) -> str:
@@ -120,14 +127,44 @@ def localize_env(
     return result
 
 
-def engines_tokenizer(sc: ServingCluster, options: LocalOptions) -> str | None:
+def engines_tokenizer(sc: ServingCluster, options: LocalOptions, run_dir: Path) -> str | None:
     """What tokenizes prompts in the local engines, for the router's exact prefix index: the
-    model's tokenizer.json when it is on this machine, else the emulator's fallback tokenization
-    (a local vLLM without a local tokenizer leaves the router on its approximation)."""
+    model's tokenizer.json when it is on this machine; for vLLM and a Hugging Face model, the
+    files `tokenizer_fetch` puts in the run directory; for the emulator its fallback tokenization."""
     source = Path(sc.spec.model.tokenizer or sc.spec.model.name)
     if (source / "tokenizer.json").is_file():
         return str(source)
-    return FALLBACK_TOKENIZER if options.engine == "emulator" else None
+    if options.engine == "emulator":
+        return FALLBACK_TOKENIZER
+    return str(run_dir / "tokenizer") if router_tokenizer(sc).kind == "hub" else None
+
+
+def tokenizer_fetch(
+    sc: ServingCluster, options: LocalOptions, run_dir: Path, environ: Mapping[str, str]
+) -> ProcessSpec | None:
+    """The router pod's init container as a local process: the Hugging Face model's tokenizer
+    files into the run directory, with vLLM's interpreter (it has huggingface_hub) and the
+    user's Hugging Face cache and token."""
+    tokenizer = str(run_dir / "tokenizer")
+    if options.engine != "vllm" or engines_tokenizer(sc, options, run_dir) != tokenizer:
+        return None
+    name = sc.spec.model.tokenizer or sc.spec.model.name
+    revision = sc.spec.model.revision if not sc.spec.model.tokenizer else None
+    return ProcessSpec(
+        name=FETCH_CONTAINER,
+        role="init",
+        argv=[
+            options.vllm_python,
+            "-c",
+            FETCH_SCRIPT,
+            name,
+            revision or "",
+            tokenizer,
+            *TOKENIZER_FILES,
+        ],
+        env=dict(environ),
+        port=0,
+    )
 
 
 def engine_command(options: LocalOptions, args: list[str]) -> list[str]:
@@ -222,7 +259,7 @@ def build_plan(
         host=LOCALHOST,
         port=options.router_port,
         static=static,
-        tokenizer=engines_tokenizer(sc, options),
+        tokenizer=engines_tokenizer(sc, options, run_dir),
         auth=AuthConfig(engine_key=engine_key),
     )
     config_path = run_dir / "router.yaml"
@@ -234,5 +271,10 @@ def build_plan(
         port=options.router_port,
     )
     return LocalPlan(
-        cluster=sc.name, engines=engines, router=router, router_config=config, notes=notes
+        cluster=sc.name,
+        engines=engines,
+        router=router,
+        router_config=config,
+        notes=notes,
+        tokenizer_fetch=tokenizer_fetch(sc, options, run_dir, environ),
     )

@@ -188,3 +188,21 @@ def test_device_shares_split_cores_per_rank_and_refuse_too_few() -> None:
     }
     with pytest.raises(DeviceError, match="cores of their own"):
         assign_devices([EngineNeed(f"e{i}", 1) for i in range(7)], machine)
+
+
+def test_a_hub_model_on_vllm_gets_its_tokenizer_fetched_before_the_router_starts(
+    tmp_path: Path,
+) -> None:
+    sc = load_cluster(EXAMPLES / "llama-8b-pd.yaml")
+    machine = Machine(gpus=("0", "1", "2", "3"), cores=(0,), cpu_build=False)
+    options = LocalOptions(engine="vllm", vllm_python="vpy", machine=machine)
+    plan = build_plan(sc, options, counter().__next__, tmp_path, {"HF_TOKEN": "t"})
+    fetch = plan.tokenizer_fetch
+    assert fetch is not None
+    assert fetch.argv[:2] == ["vpy", "-c"]  # vLLM's interpreter has huggingface_hub
+    assert fetch.argv[3:5] == ["meta-llama/Llama-3.1-8B-Instruct", ""]
+    assert fetch.argv[5] == str(tmp_path / "tokenizer") == plan.router_config.tokenizer
+    assert fetch.env["HF_TOKEN"] == "t"
+    emulated = build_plan(sc, LocalOptions(), counter().__next__, tmp_path, {})
+    assert emulated.tokenizer_fetch is None
+    assert emulated.router_config.tokenizer == "tandem-fallback"
