@@ -19,6 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
+from openai._legacy_response import LegacyAPIResponse
+from openai.types import Completion
 from prometheus_client.parser import text_string_to_metric_families
 from tandem_process import MODEL_DIR, ROOT, TandemProcess, free_port
 
@@ -69,6 +72,25 @@ def make_llama3_style_model(dest: Path) -> Path:
     config["chat_template"] = LLAMA3_TEMPLATE
     (dest / "tokenizer_config.json").write_text(json.dumps(config))
     return dest
+
+
+def openai_client(url: str) -> openai.OpenAI:
+    """The official client against a router at `url`; no retries, so a failure shows."""
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=120, max_retries=0)
+
+
+def stream_completion(
+    url: str, prompt: str, max_tokens: int
+) -> LegacyAPIResponse[openai.Stream[Completion]]:
+    """A streamed completion of exactly `max_tokens` tokens with usage, headers readable."""
+    return openai_client(url).completions.with_raw_response.create(
+        model="tiny",
+        prompt=prompt,
+        max_tokens=max_tokens,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
 
 
 def metrics_of(url: str) -> dict[str, float]:

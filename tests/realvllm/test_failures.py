@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import openai
 import pytest
-from harness import PDCluster, Router, metrics_of
+from harness import PDCluster, metrics_of, openai_client, stream_completion
 from prefill_standin import PrefillStandIn
 
 from tandem.router.config import StaticDiscovery, StaticEndpoint
@@ -18,10 +18,6 @@ from tandem.router.config import StaticDiscovery, StaticEndpoint
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 PROMPT = "A prompt whose KV cache the decode engine will not be able to pull. " * 15
-
-
-def client(router: Router) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{router.url}/v1", api_key="unused", timeout=120, max_retries=0)
 
 
 @pytest.fixture
@@ -45,19 +41,14 @@ def test_prefill_killed_after_its_answer_still_answers_the_client(
     try:
         # One relayed request first: the decode engine's NIXL handshake with this prefill engine is
         # done, so the next pull fails on the transfer itself (a dead peer), not the handshake.
-        warm = client(router).completions.create(model="tiny", prompt=PROMPT + "warm", max_tokens=2)
+        warm = openai_client(router.url).completions.create(
+            model="tiny", prompt=PROMPT + "warm", max_tokens=2
+        )
         assert warm.usage is not None
         before = metrics_of(pd.decode.url)
         standin.arm(pd.prefill.kill)
         started = time.monotonic()
-        raw = client(router).completions.with_raw_response.create(
-            model="tiny",
-            prompt=PROMPT + "after the kill",
-            max_tokens=8,
-            stream=True,
-            stream_options={"include_usage": True},
-            extra_body={"ignore_eos": True},
-        )
+        raw = stream_completion(router.url, PROMPT + "after the kill", 8)
         chunks = list(raw.parse())
         elapsed = time.monotonic() - started
         assert standin.kills == 1
@@ -83,7 +74,7 @@ def test_prefill_killed_after_its_answer_still_answers_the_client(
 def test_decode_killed_mid_stream_ends_the_clients_stream_with_an_error(pd: PDCluster) -> None:
     router = pd.router("router-midstream", tokenizer=None)
     try:
-        stream = client(router).completions.create(
+        stream = openai_client(router.url).completions.create(
             model="tiny",
             prompt=PROMPT,
             max_tokens=1800,

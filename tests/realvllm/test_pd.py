@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import openai
 import pytest
-from harness import PDCluster, Router, metrics_of
+from harness import PDCluster, Router, metrics_of, openai_client, stream_completion
 
 from tandem.router.config import DisaggregationConfig
 
@@ -26,10 +25,6 @@ def router(pd_cluster: PDCluster) -> Iterator[Router]:
     router = pd_cluster.router("router-pd", tokenizer=None)
     yield router
     router.stop()
-
-
-def client(router: Router) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{router.url}/v1", api_key="unused", timeout=120, max_retries=0)
 
 
 def changed(before: dict[str, float], after: dict[str, float], name: str) -> float:
@@ -56,14 +51,7 @@ def test_openai_client_streams_completions_through_prefill_and_decode(
     pd: PDCluster, router: Router
 ) -> None:
     before = metrics_of(pd.prefill.url), metrics_of(pd.decode.url)
-    raw = client(router).completions.with_raw_response.create(
-        model="tiny",
-        prompt=LONG_PROMPT + "completions",
-        max_tokens=12,
-        stream=True,
-        stream_options={"include_usage": True},
-        extra_body={"ignore_eos": True},
-    )
+    raw = stream_completion(router.url, LONG_PROMPT + "completions", 12)
     assert raw.headers["x-tandem-route"] == "disaggregated"
     assert raw.headers["x-tandem-prefill-engine"] == pd.prefill.url
     chunks = list(raw.parse())
@@ -78,7 +66,7 @@ def test_openai_client_streams_chat_through_prefill_and_decode(
     pd: PDCluster, router: Router
 ) -> None:
     before = metrics_of(pd.prefill.url), metrics_of(pd.decode.url)
-    raw = client(router).chat.completions.with_raw_response.create(
+    raw = openai_client(router.url).chat.completions.with_raw_response.create(
         model="tiny",
         messages=[
             {"role": "system", "content": LONG_PROMPT},
@@ -116,7 +104,7 @@ def test_client_kv_transfer_params_never_reach_an_engine(
     stripped_before = metrics_of(target.url).get(
         "tandem_router_stripped_kv_transfer_params_total", 0
     )
-    answer = client(target).completions.with_raw_response.create(
+    answer = openai_client(target.url).completions.with_raw_response.create(
         model="tiny",
         prompt=LONG_PROMPT + f"injected {mode}",
         max_tokens=4,

@@ -11,9 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import openai
 import pytest
-from harness import EXAMPLE, VLLM_PYTHON, PDCluster
+from harness import EXAMPLE, VLLM_PYTHON, PDCluster, openai_client
 from tandem_process import MODEL_DIR, ROOT, free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -45,10 +44,7 @@ def test_tandem_up_serves_the_tiny_example_on_real_vllm(
             if "ready" in line or up.poll() is not None:
                 break
         assert any("ready" in line for line in output), "".join(output)
-        client = openai.OpenAI(
-            base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", timeout=120, max_retries=0
-        )
-        raw = client.chat.completions.with_raw_response.create(
+        raw = openai_client(f"http://127.0.0.1:{port}").chat.completions.with_raw_response.create(
             model="tiny",
             messages=[{"role": "user", "content": "Hello from tandem up! " * 20}],
             max_tokens=4,
