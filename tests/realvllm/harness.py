@@ -205,10 +205,11 @@ class Router(TandemProcess):
         engines: list[dict[str, Any]] = httpx.get(f"{self.url}/engines", timeout=5).json()
         return engines
 
-    def wait_engines_healthy(self, timeout_s: float = 30.0) -> None:
+    def wait_engines_healthy(self, dead: set[str], timeout_s: float = 30.0) -> None:
+        """Until the router sees every engine healthy but the `dead` ones (URLs)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if all(e["healthy"] for e in self.engines()):
+            if all(e["healthy"] for e in self.engines() if e["url"] not in dead):
                 return
             time.sleep(0.2)
         raise TimeoutError(f"router does not see every engine healthy: {self.engines()}")
@@ -250,9 +251,12 @@ class PDCluster:
         self.prefill, self.decode = (EngineProcess(s, run_dir) for s in plan.engines)
         self.routers: list[Router] = []
 
-    def ensure_engines(self) -> None:
-        """Both engines healthy; a killed one is started again on its own ports."""
-        dead = [e for e in (self.prefill, self.decode) if not e.alive() or not e.healthy()]
+    def ensure_engines(self, *needed: EngineProcess) -> None:
+        """The `needed` engines (default both) healthy; a killed one is started again on its own
+        ports."""
+        dead = [
+            e for e in needed or (self.prefill, self.decode) if not e.alive() or not e.healthy()
+        ]
         for engine in dead:
             engine.stop()
             engine.start()
@@ -265,7 +269,7 @@ class PDCluster:
         router = Router(config, self.run_dir, name)
         self.routers.append(router)
         router.wait_ready(timeout=60)
-        router.wait_engines_healthy()
+        router.wait_engines_healthy({e.url for e in (self.prefill, self.decode) if not e.alive()})
         return router
 
     def stop(self) -> None:
