@@ -5,6 +5,8 @@ does; real vLLM with the operator's `recompute` policy is tests/realvllm/test_fa
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import pytest
 from prefill_standin import PrefillStandIn
@@ -16,6 +18,15 @@ pytestmark = [
 ]
 
 
+def wait_all_healthy(router: Router, timeout_s: float = 20.0) -> None:
+    """Until the router's monitor has seen both engines answer (a request before that is
+    prefilled locally or refused)."""
+    deadline = time.monotonic() + timeout_s
+    while not all(e["healthy"] for e in httpx.get(f"{router.url}/engines", timeout=5).json()):
+        assert time.monotonic() < deadline, "engines never healthy in the router's view"
+        time.sleep(0.1)
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_failed_kv_pull_is_retried_on_decode_without_remote_prefill(stream: bool) -> None:
     prefill, decode = Engine("prefill"), Engine("decode")
@@ -25,6 +36,7 @@ def test_a_failed_kv_pull_is_retried_on_decode_without_remote_prefill(stream: bo
     )
     try:
         with running(prefill, decode, router):
+            wait_all_healthy(router)
             warm = httpx.post(
                 f"{router.url}/v1/completions",
                 json={"model": "tiny", "prompt": LONG + "warm", "max_tokens": 2},
