@@ -2,7 +2,9 @@
 engine it picks (`x-tandem-prefix-hit: HIT/TOTAL`, from the engines' KV events and the model's
 tokenizer) against the blocks that engine's own prefix cache then hits
 (`vllm:prefix_cache_hits_total` tokens / block size). vLLM always recomputes a prompt's last token,
-so a prompt of whole blocks hits one block fewer than it has: ±1 block."""
+so a prompt of whole blocks hits one block fewer than it has: ±1 block. Chat runs through a
+Llama-3-style template (bos_token, header special tokens), which the router must render and
+tokenize as vLLM does."""
 
 from __future__ import annotations
 
@@ -78,12 +80,6 @@ def test_completions_prefix_hits_match_the_engine_per_request(
     assert_parity(measure(pd, router, "/v1/completions", bodies))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the router renders chat templates without bos_token and tokenizes the result with "
-    "special tokens added again (or cannot render this template at all), so its block keys miss "
-    "the engine's; exact chat rendering is issue #10 items 1-2",
-)
 def test_chat_prefix_hits_match_the_engine_per_request_with_a_llama3_template(
     pd: PDCluster, router: Router
 ) -> None:

@@ -19,8 +19,8 @@ LONG_PROMPT = "Prefill and decode run apart; the decode engine pulls the prompt'
 @pytest.fixture(scope="module")
 def router(pd_cluster: PDCluster) -> Iterator[Router]:
     # No tokenizer: this router routes on its approximate index. What these tests prove (the
-    # client, the P/D handoff, the stripped params) does not depend on exact tokenization, and
-    # rendering this model's Llama-3-style chat template exactly is test_parity's subject.
+    # client, the P/D handoff, the stripped params) does not depend on exact tokenization, which
+    # is test_parity's subject.
     pd_cluster.ensure_engines()
     router = pd_cluster.router("router-pd", tokenizer=None)
     yield router
