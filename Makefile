@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 NIXL_VERSION := 1.5.1
 EXAMPLE ?= examples/llama-8b-pd.yaml
 
-.PHONY: venv demo test lint typecheck unit e2e cluster-binaries cluster clean
+.PHONY: venv demo test test-vllm lint typecheck unit e2e cluster-binaries cluster clean
 
 venv: $(VENV)/.installed
 
@@ -26,6 +26,11 @@ demo: venv
 ## The whole test suite, exactly as CI runs it.
 test: venv
 	scripts/test.sh
+
+## The real-vLLM tier alone: vLLM 0.32 (CPU build, cached by version under ~/.cache/tandem)
+## behind the router, in a network namespace of its own (needs root for `unshare --net`).
+test-vllm: venv
+	scripts/test-vllm.sh
 
 lint: venv
 	$(BIN)/ruff check .

@@ -112,7 +112,20 @@ def test_router_pod_gets_its_configmap_as_a_file_bound_to_the_pod_ip() -> None:
     )
     assert plan.role == "router"
     assert plan.argv == ["tandem", "router", "--config", "/s/config/router.yaml"]
-    assert yaml.safe_load(plan.files["/s/config/router.yaml"])["host"] == "127.0.1.7"
+    config = yaml.safe_load(plan.files["/s/config/router.yaml"])
+    assert config["host"] == "127.0.1.7"
+    assert "tokenizer" not in config
+
+    # With the tokenizer-fetching init container, the emulators' own tokenization stands in for
+    # the Hub's files (no Hub here).
+    fetch = {"name": "fetch-tokenizer", "image": "vllm/vllm-openai", "command": ["python3"]}
+    plan = plan_pod(
+        pod(container, volumes=volumes, initContainers=[fetch]),
+        read,
+        tandem="tandem",
+        scratch=PurePosixPath("/s"),
+    )
+    assert yaml.safe_load(plan.files["/s/config/router.yaml"])["tokenizer"] == "tandem-fallback"
 
 
 def test_router_secret_volumes_become_files_its_config_points_at() -> None:

@@ -20,3 +20,6 @@ $BIN/mypy -p tandem
 step "tests"
 # pytest exits 5 when it collects nothing; set -e turns that into a failure as well.
 $BIN/pytest -p no:cacheprovider "$@"
+
+step "real vLLM (make test-vllm)"
+scripts/test-vllm.sh

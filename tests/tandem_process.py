@@ -15,7 +15,8 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
-GOLDEN = ROOT.parent / "shared" / "golden"
+# Beside the checkout; TANDEM_GOLDEN names them for a checkout elsewhere (a git worktree).
+GOLDEN = Path(os.environ.get("TANDEM_GOLDEN", ROOT.parent / "shared" / "golden"))
 MODEL_DIR = GOLDEN / "model"
 
 

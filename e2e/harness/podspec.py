@@ -17,6 +17,9 @@ from typing import Any
 
 import yaml
 
+from tandem.operator.tokenizer import FETCH_CONTAINER
+from tandem.router.fallback_tokenizer import FALLBACK_TOKENIZER
+
 Pod = Mapping[str, Any]
 # (kind, namespace, name) -> the `data` of a ConfigMap or (decoded) Secret, None when absent.
 ObjectDataReader = Callable[[str, str, str], Mapping[str, str] | None]
@@ -173,10 +176,18 @@ def _bind_pod_ip(args: Sequence[str], pod_ip: str) -> list[str]:
 
 
 def bind_router_config(
-    files: Mapping[str, str], args: Sequence[str], pod_ip: str, mounts: Mapping[str, str]
+    files: Mapping[str, str],
+    args: Sequence[str],
+    pod_ip: str,
+    mounts: Mapping[str, str],
+    fetches_tokenizer: bool = False,
 ) -> dict[str, str]:
     """The router's mounted config with `host` set to the pod's IP (the image listens on 0.0.0.0)
-    and the key files it names moved to where their Secret volumes are on this machine."""
+    and the key files it names moved to where their Secret volumes are on this machine.
+
+    This machine has no Hub to run the tokenizer-fetching init container against, and the engines
+    here are emulators without a tokenizer.json: their own tokenization (tandem-fallback) is what
+    that init container stands for."""
     out = dict(files)
     for flag, value in itertools.pairwise(args):
         if flag == "--config" and value in out:
@@ -185,6 +196,8 @@ def bind_router_config(
             auth = config.get("auth") or {}
             for key, path in auth.items():
                 auth[key] = _map_mount_paths(path, mounts)
+            if fetches_tokenizer:
+                config["tokenizer"] = FALLBACK_TOKENIZER
             out[value] = yaml.safe_dump(config, sort_keys=False)
     return out
 
@@ -212,7 +225,8 @@ def plan_pod(
     elif command[:2] == ["tandem", "router"]:
         argv = [tandem, *command[1:], *_bind_pod_ip(args, pod_ip)]
         role = "router"
-        files = bind_router_config(files, args, pod_ip, mounts)
+        fetches = any(c["name"] == FETCH_CONTAINER for c in pod["spec"].get("initContainers", []))
+        files = bind_router_config(files, args, pod_ip, mounts, fetches)
     elif command[:1] == ["tandem"]:
         argv = [tandem, *command[1:], *_bind_pod_ip(args, pod_ip)]
         role = command[1] if len(command) > 1 else "tandem"

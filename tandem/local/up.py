@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
+import dataclasses
+import os
 import shlex
 import signal
 import sys
@@ -19,7 +20,7 @@ from rich.table import Table
 
 from tandem.bench.main import build_parser as bench_parser
 from tandem.bench.main import finish, options_from_args, workload_from_args
-from tandem.bench.presets import PRESETS
+from tandem.bench.presets import PRESETS, WorkloadSpec
 from tandem.bench.records import BenchRecord
 from tandem.bench.runner import Target, run_target
 from tandem.local.cluster import (
@@ -29,6 +30,7 @@ from tandem.local.cluster import (
     load_cluster,
     port_is_free,
 )
+from tandem.local.devices import DeviceError, probe_machine
 from tandem.local.plan import LocalOptions, LocalPlan
 from tandem.local.supervisor import StartupError
 from tandem.operator.api import ManifestError, ServingCluster
@@ -46,6 +48,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("manifests", nargs="+", type=Path, metavar="FILE")
     parser.add_argument(
         "--engine", choices=["emulator", "vllm"], default="emulator", help="engine processes to run"
+    )
+    parser.add_argument(
+        "--vllm-python",
+        default=sys.executable,
+        metavar="PYTHON",
+        help="the interpreter whose vLLM runs the engines (default: this one)",
     )
     parser.add_argument(
         "--timing-profile",
@@ -133,22 +141,18 @@ def describe(console: Console, label: str, plan: LocalPlan, run_dir: Path) -> No
     )
 
 
+def bench_args_of(args: argparse.Namespace) -> argparse.Namespace | None:
+    """`--bench PRESET --bench-args "..."` as `tandem bench` options (None without --bench)."""
+    if not args.bench:
+        return None
+    return bench_parser().parse_args(["--preset", args.bench, *shlex.split(args.bench_args)])
+
+
 class _Up:
     """One invocation: options shared by every cluster, and the signal-driven stop."""
 
-    def __init__(self, args: argparse.Namespace, console: Console) -> None:
-        self.args, self.console = args, console
-        profile = args.timing_profile or (
-            str(DEFAULT_PROFILE) if DEFAULT_PROFILE.is_file() else None
-        )
-        self.options = LocalOptions(
-            engine=args.engine,
-            timing_profile=profile,
-            speedup=args.speedup,
-            prefill_replicas=args.prefill,
-            decode_replicas=args.decode,
-            engine_extra_args=tuple(args.engine_arg),
-        )
+    def __init__(self, args: argparse.Namespace, options: LocalOptions, console: Console) -> None:
+        self.args, self.options, self.console = args, options, console
         self.stamp = _stamp()
 
     def cluster(self, sc: ServingCluster, label: str, first: bool) -> LocalCluster:
@@ -158,7 +162,7 @@ class _Up:
             port = DEFAULT_ROUTER_PORT
         else:
             port = free_port()
-        options = LocalOptions(**{**self.options.__dict__, "router_port": port})
+        options = dataclasses.replace(self.options, router_port=port)
         run_dir = self.args.run_dir or Path("out") / "up" / f"{label}-{self.stamp}"
         if self.args.run_dir and len(self.args.manifests) > 1:
             run_dir = self.args.run_dir / label
@@ -195,13 +199,13 @@ class _Up:
                 await local.stop()
 
     async def bench(
-        self, clusters: Sequence[ServingCluster], labels: Sequence[str]
+        self,
+        clusters: Sequence[ServingCluster],
+        labels: Sequence[str],
+        bench_args: argparse.Namespace,
+        workload: WorkloadSpec,
     ) -> list[BenchRecord]:
         """Each cluster in turn: start, run the preset against its router, stop."""
-        bench_args = bench_parser().parse_args(
-            ["--preset", self.args.bench, *shlex.split(self.args.bench_args)]
-        )
-        workload = workload_from_args(bench_args)
         options = options_from_args(bench_args)
         records = []
         for i, (sc, label) in enumerate(zip(clusters, labels, strict=True)):
@@ -230,25 +234,36 @@ class _Up:
         return records
 
 
+def local_options(args: argparse.Namespace) -> LocalOptions:
+    """The command line as local-run options; for vLLM engines, what this machine has to share
+    out (raises DeviceError when the named interpreter has no vLLM)."""
+    profile = args.timing_profile or (str(DEFAULT_PROFILE) if DEFAULT_PROFILE.is_file() else None)
+    return LocalOptions(
+        engine=args.engine,
+        timing_profile=profile,
+        speedup=args.speedup,
+        prefill_replicas=args.prefill,
+        decode_replicas=args.decode,
+        engine_extra_args=tuple(args.engine_arg),
+        vllm_python=args.vllm_python,
+        machine=probe_machine(args.vllm_python, os.environ) if args.engine == "vllm" else None,
+    )
+
+
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     console = Console()
-    if args.engine == "vllm" and importlib.util.find_spec("vllm") is None:
-        console.print(
-            "[red]--engine vllm: vLLM is not installed in this environment[/]", highlight=False
-        )
-        return 2
     try:
         clusters = [load_cluster(path, args.set) for path in args.manifests]
-        if args.bench:  # refuse bad benchmark options before starting anything
-            workload_from_args(
-                bench_parser().parse_args(["--preset", args.bench, *shlex.split(args.bench_args)])
-            )
-    except (ManifestError, ValueError, ValidationError) as exc:
+        bench_args = bench_args_of(args)
+        # Bad benchmark options are refused before anything starts.
+        workload = workload_from_args(bench_args) if bench_args is not None else None
+        options = local_options(args)
+    except (ManifestError, ValueError, ValidationError) as exc:  # DeviceError included
         print(f"tandem up: {exc}", file=sys.stderr)
         return 2
     labels = _labels(clusters, args.manifests)
-    up = _Up(args, console)
+    up = _Up(args, options, console)
 
     async def run() -> int | list[BenchRecord]:
         task = asyncio.current_task()
@@ -266,8 +281,8 @@ def main(argv: list[str]) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, on_signal)
         try:
-            if args.bench:
-                return await up.bench(clusters, labels)
+            if bench_args is not None and workload is not None:
+                return await up.bench(clusters, labels, bench_args, workload)
             return await up.serve(clusters, labels)
         except asyncio.CancelledError:
             return 130 if args.bench else 0
@@ -278,7 +293,7 @@ def main(argv: list[str]) -> int:
     try:
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             outcome = runner.run(run())
-    except StartupError as exc:
+    except (StartupError, DeviceError) as exc:
         console.print(f"[red]tandem up: {exc}[/]", highlight=False)
         return 1
     except RuntimeError as exc:  # the benchmark's warm-up found the cluster unusable
@@ -288,7 +303,7 @@ def main(argv: list[str]) -> int:
         if outcome == 0:
             console.print("stopped")
         return outcome
-    bench_args = bench_parser().parse_args(shlex.split(args.bench_args))
+    assert bench_args is not None
     return finish(
         outcome,
         args.out or bench_args.out or Path("out") / "bench" / up.stamp,

@@ -257,7 +257,8 @@ class EngineSpec(_Model):
     block_size: Literal[1, 8, 16, 32, 64, 128] = Field(16, alias="blockSize")
     """KV-cache block size in tokens (--block-size); the router hashes prefixes with the same size."""
     kv_connector: Literal["NixlConnector"] = Field("NixlConnector", alias="kvConnector")
-    """KV-transfer connector between prefill and decode pods (--kv-transfer-config)."""
+    """KV-transfer connector between prefill and decode pods (--kv-transfer-config). Decode pods
+    also get `kv_load_failure_policy: recompute`: a failed KV pull recomputes the prompt there."""
     kv_buffer_device: Literal["cuda", "cpu"] | None = Field(None, alias="kvBufferDevice")
     """Where the connector stages KV blocks; vLLM picks the accelerator when unset."""
     kv_connector_extra_config: dict[str, Any] = Field(
@@ -454,7 +455,10 @@ class RouterSpec(_Model):
     metrics_scrape_interval_seconds: float = Field(0.5, gt=0, alias="metricsScrapeIntervalSeconds")
     """How often the router reads each engine's /metrics (queue depth, KV usage)."""
     tokenizer: str | None = None
-    """Directory with tokenizer.json inside the router pod; unset = a documented approximation."""
+    """Directory with tokenizer.json inside the router image. Unset: a Hugging Face model's
+    tokenizer files are fetched by an init container of the engine image, a model on
+    `model.cache` is mounted read-only; otherwise the router keys prefixes by an approximation
+    and condition ExactTokenization is False."""
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", alias="logLevel")
     """Router log level."""
     resources: ResourceRequirements = Field(
@@ -702,7 +706,7 @@ class Condition(_Status):
     """A standard Kubernetes condition."""
 
     type: str
-    """Ready, Progressing, Degraded or ScalingLimited."""
+    """Ready, Progressing, Degraded, ExactTokenization or ScalingLimited."""
     status: Literal["True", "False", "Unknown"]
     """Whether the condition holds."""
     reason: str = ""
@@ -763,7 +767,7 @@ class ServingClusterStatus(_Status):
     router: PoolStatus | None = None
     """Router Deployment."""
     conditions: list[Condition] = Field(default_factory=list)
-    """Ready, Progressing, Degraded, ScalingLimited."""
+    """Ready, Progressing, Degraded, ExactTokenization, ScalingLimited."""
     autoscaling: AutoscalingStatus | None = None
     """Autoscaler decisions."""
     engine_key_secret: GeneratedSecret | None = Field(None, alias="engineKeySecret")

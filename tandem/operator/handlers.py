@@ -59,6 +59,7 @@ from tandem.operator.status import (
     phase_event,
     status_patch,
 )
+from tandem.operator.tokenizer import router_tokenizer
 
 log = logging.getLogger("tandem.operator")
 
@@ -268,6 +269,9 @@ def report_status(
                 reason="Applied",
                 message=f"generation {observed_generation}: applied {applied} objects",
             )
+            tokenizer = router_tokenizer(sc)
+            if not tokenizer.exact:
+                events(body, type="Warning", reason="ApproximateRouting", message=tokenizer.message)
         assert status.phase is not None
         transition = phase_event(current.status.phase, status.phase, status.conditions)
         if transition:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from tandem.operator.api import (
@@ -21,6 +22,7 @@ from tandem.operator.api import (
     Toleration,
     pool_replicas,
 )
+from tandem.operator.tokenizer import router_tokenizer, tokenizer_pod_parts
 from tandem.router.config import (
     AdmissionConfig,
     AuthConfig,
@@ -28,6 +30,7 @@ from tandem.router.config import (
     KubernetesDiscovery,
     RouterConfig,
     ScoringConfig,
+    StaticDiscovery,
     TimeoutConfig,
 )
 
@@ -45,6 +48,7 @@ NIXL_SIDE_CHANNEL_PORT = 5600
 NIXL_TRANSFER_PORTS = (5601, 5699)
 KV_EVENTS_TOPIC = "kv-events"
 ROUTER_PORT = 8000
+ALL_INTERFACES = "0.0.0.0"
 ROUTER_CONFIG_DIR = "/etc/tandem"
 ROUTER_CONFIG_KEY = "router.yaml"
 
@@ -69,6 +73,21 @@ ROUTER_ENGINE_KEY_DIR = "/var/run/tandem/engine-key"
 ENGINE_UID = 1000
 ROUTER_UID = 65532
 ENGINE_HOME = "/home/vllm"
+
+
+@dataclass(frozen=True)
+class EnginePorts:
+    """Where one engine listens. Every pod uses the fixed ports above (the router, monitors and
+    policies rely on them); `tandem up` gives each local engine its own on 127.0.0.1."""
+
+    host: str = ALL_INTERFACES
+    http: int = HTTP_PORT
+    kv_events: int = KV_EVENTS_PORT
+    kv_replay: int = KV_REPLAY_PORT
+    nixl_side_channel: int = NIXL_SIDE_CHANNEL_PORT
+
+
+POD_PORTS = EnginePorts()
 
 
 def child_name(sc: ServingCluster, suffix: str) -> str:
@@ -128,12 +147,16 @@ def endpoint(sc: ServingCluster) -> str:
 
 
 def kv_transfer_config(sc: ServingCluster, role: EngineRole) -> dict[str, Any]:
-    """vLLM's --kv-transfer-config: prefill produces KV blocks, decode consumes them."""
+    """vLLM's --kv-transfer-config: prefill produces KV blocks, decode consumes them. A decode
+    engine whose KV pull fails (prefill pod gone, handshake timed out) recomputes the prompt
+    itself (`kv_load_failure_policy: recompute`) instead of failing the request (vLLM's default)."""
     engine = sc.spec.engine
     config: dict[str, Any] = {
         "kv_connector": engine.kv_connector,
         "kv_role": "kv_producer" if role == "prefill" else "kv_consumer",
     }
+    if role == "decode":
+        config["kv_load_failure_policy"] = "recompute"
     if engine.kv_buffer_device:
         config["kv_buffer_device"] = engine.kv_buffer_device
     if engine.kv_connector_extra_config:
@@ -141,13 +164,14 @@ def kv_transfer_config(sc: ServingCluster, role: EngineRole) -> dict[str, Any]:
     return config
 
 
-def kv_events_config() -> dict[str, Any]:
-    """vLLM's --kv-events-config: a binding PUB endpoint and a replay endpoint (PROTOCOLS.md §2)."""
+def kv_events_config(ports: EnginePorts = POD_PORTS) -> dict[str, Any]:
+    """vLLM's --kv-events-config: a binding PUB endpoint and a replay endpoint (PROTOCOLS.md §2);
+    `*` even on one machine, since vLLM connects instead of binding to any other host."""
     return {
         "enable_kv_cache_events": True,
         "publisher": "zmq",
-        "endpoint": f"tcp://*:{KV_EVENTS_PORT}",
-        "replay_endpoint": f"tcp://*:{KV_REPLAY_PORT}",
+        "endpoint": f"tcp://*:{ports.kv_events}",
+        "replay_endpoint": f"tcp://*:{ports.kv_replay}",
         "topic": KV_EVENTS_TOPIC,
     }
 
@@ -157,20 +181,20 @@ def _pool(sc: ServingCluster, role: EngineRole) -> PoolSpec:
     return pool
 
 
-def vllm_args(sc: ServingCluster, role: EngineRole) -> list[str]:
+def vllm_args(sc: ServingCluster, role: EngineRole, ports: EnginePorts = POD_PORTS) -> list[str]:
     """The arguments after `vllm serve` of one pool: the model first, then flags."""
     spec = sc.spec
     model, engine, pool = spec.model, spec.engine, _pool(sc, role)
     args = [
         model.name,
         "--served-model-name", model.served_model_name,
-        "--host", "0.0.0.0",
-        "--port", str(HTTP_PORT),
+        "--host", ports.host,
+        "--port", str(ports.http),
         "--tensor-parallel-size", str(pool.tensor_parallel_size),
         "--block-size", str(engine.block_size),
         "--enable-prefix-caching",
         "--prefix-caching-hash-algo", engine.hash_algo,
-        "--kv-events-config", _compact_json(kv_events_config()),
+        "--kv-events-config", _compact_json(kv_events_config(ports)),
         "--max-num-batched-tokens", str(pool.max_num_batched_tokens),
         "--gpu-memory-utilization", str(pool.gpu_memory_utilization or engine.gpu_memory_utilization),
     ]  # fmt: skip
@@ -228,7 +252,9 @@ def merge_env(*layers: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return list(merged.values())
 
 
-def vllm_env(sc: ServingCluster, role: EngineRole) -> list[dict[str, Any]]:
+def vllm_env(
+    sc: ServingCluster, role: EngineRole, ports: EnginePorts = POD_PORTS
+) -> list[dict[str, Any]]:
     """Environment of one pool's engine container (core/v1 EnvVar dicts)."""
     spec = sc.spec
     base: list[dict[str, Any]] = [
@@ -238,7 +264,7 @@ def vllm_env(sc: ServingCluster, role: EngineRole) -> list[dict[str, Any]]:
             "name": "VLLM_NIXL_SIDE_CHANNEL_HOST",
             "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}},
         },
-        {"name": "VLLM_NIXL_SIDE_CHANNEL_PORT", "value": str(NIXL_SIDE_CHANNEL_PORT)},
+        {"name": "VLLM_NIXL_SIDE_CHANNEL_PORT", "value": str(ports.nixl_side_channel)},
     ]
     if disaggregated(sc):
         low, high = NIXL_TRANSFER_PORTS
@@ -466,15 +492,26 @@ def disruption_budget(sc: ServingCluster, role: Role) -> dict[str, Any]:
 # --- router ------------------------------------------------------------------------------------
 
 
-def router_config(sc: ServingCluster) -> RouterConfig:
-    """The router's configuration: this cluster's engines, discovered by watching its Pods."""
+def router_config(
+    sc: ServingCluster,
+    *,
+    host: str = ALL_INTERFACES,
+    port: int = ROUTER_PORT,
+    static: StaticDiscovery | None = None,
+    tokenizer: str | None = None,
+    auth: AuthConfig | None = None,
+) -> RouterConfig:
+    """The router's configuration. In a pod it discovers this cluster's engines by watching Pods
+    and reads its keys from mounted Secrets; `tandem up` passes its own address, a static engine
+    list and its run's keys instead. `tokenizer` is where the router finds the model's tokenizer
+    files when the manifest's `router.tokenizer` names none."""
     spec = sc.spec
     router = spec.router
     return RouterConfig(
-        host="0.0.0.0",
-        port=ROUTER_PORT,
+        host=host,
+        port=port,
         served_model_name=spec.model.served_model_name,
-        tokenizer=router.tokenizer,
+        tokenizer=router.tokenizer or tokenizer,
         block_size=spec.engine.block_size,
         hash_algo=spec.engine.hash_algo,
         hash_seed=spec.engine.hash_seed,
@@ -484,25 +521,29 @@ def router_config(sc: ServingCluster) -> RouterConfig:
         ),
         admission=AdmissionConfig.model_validate(router.admission.model_dump(by_alias=True)),
         timeouts=TimeoutConfig.model_validate(router.timeouts.model_dump(by_alias=True)),
-        kubernetes=KubernetesDiscovery(
+        kubernetes=None
+        if static
+        else KubernetesDiscovery(
             namespace=sc.namespace,
             cluster_name=sc.name,
             engine_port=HTTP_PORT,
             kv_events_port=KV_EVENTS_PORT,
             kv_events_replay_port=KV_REPLAY_PORT,
         ),
+        static=static,
         metrics_scrape_interval_s=router.metrics_scrape_interval_seconds,
         log_level=router.log_level,
-        auth=router_auth_config(sc),
+        auth=auth or router_auth_config(sc),
     )
 
 
 def router_config_map(sc: ServingCluster) -> dict[str, Any]:
+    config = router_config(sc, tokenizer=router_tokenizer(sc).path)
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": _meta(sc, child_name(sc, "router"), "router"),
-        "data": {ROUTER_CONFIG_KEY: router_config(sc).to_yaml()},
+        "data": {ROUTER_CONFIG_KEY: config.to_yaml()},
     }
 
 
@@ -564,6 +605,10 @@ def router_deployment(sc: ServingCluster) -> dict[str, Any]:
         },
         "securityContext": container_security_context(ROUTER_UID, router.security_context),
     }
+    init_containers, tokenizer_volumes, tokenizer_mounts = tokenizer_pod_parts(
+        sc, container_security_context(ROUTER_UID, router.security_context)
+    )
+    container["volumeMounts"] += tokenizer_mounts
     if router.env:
         container["env"] = _env_dicts(router.env)
     annotations = {
@@ -593,8 +638,9 @@ def router_deployment(sc: ServingCluster) -> dict[str, Any]:
                     "securityContext": pod_security_context(
                         ROUTER_UID, router.pod_security_context
                     ),
+                    **({"initContainers": init_containers} if init_containers else {}),
                     "containers": [container],
-                    "volumes": volumes,
+                    "volumes": [*volumes, *tokenizer_volumes],
                     "terminationGracePeriodSeconds": 30,
                     **_pull_secrets(sc),
                     **_placement(router.node_selector, router.tolerations, router.affinity),
@@ -742,6 +788,7 @@ def network_policies(sc: ServingCluster) -> list[dict[str, Any]]:
 
     - router  in:  http from `allowFrom` (anyone when empty) and from Prometheus;
               out: engines' http, kv-events and kv-replay; DNS; the API server (pod discovery);
+                   model download while its init container fetches a Hub model's tokenizer;
     - engine  in:  http, kv-events, kv-replay from this cluster's router; http from Prometheus;
                    NIXL side channel and transfer ports from the other pool of this cluster;
               out: NIXL ports of the other pool; DNS; model download (unless the cache is
@@ -763,6 +810,8 @@ def network_policies(sc: ServingCluster) -> list[dict[str, Any]]:
         *_dns_egress(sc),
         *_egress_to(policy.api_server.to, policy.api_server.ports),
     ]
+    if router_tokenizer(sc).kind == "hub":  # the init container fetches the tokenizer files
+        router_egress += _egress_to(policy.model_download.to, policy.model_download.ports)
     objects = [
         _policy(
             sc,

@@ -16,9 +16,10 @@ from tandem.operator.api import (
     pool_replicas,
 )
 from tandem.operator.render import Role, endpoint, rendered_roles
+from tandem.operator.tokenizer import router_tokenizer
 
 Phase = Literal["Pending", "Progressing", "Ready", "Degraded"]
-CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "ScalingLimited")
+CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "ExactTokenization", "ScalingLimited")
 # Conditions the autoscaler writes; dropped here once autoscaling is turned off.
 AUTOSCALER_CONDITION_TYPES = ("ScalingLimited", "MetricsUnavailable", "ScalingActive")
 # Reasons of a Degraded condition found while reconciling rather than read from the children:
@@ -173,7 +174,7 @@ def conditions_for(
     blockers: list[Blocker] | None = None,
 ) -> dict[str, tuple[str, str, str]]:
     """type → (status, reason, message) of the conditions this module owns: Ready, Progressing,
-    Degraded, and ScalingLimited while autoscaling is off."""
+    Degraded, ExactTokenization, and ScalingLimited while autoscaling is off."""
     summary = ", ".join(f"{h.role} {h.status.summary}" for h in healths)
     failed = [h.detail for h in healths if h.state == PoolState.FAILED]
     short = [h.detail for h in healths if h.state == PoolState.SHORT]
@@ -210,10 +211,20 @@ def conditions_for(
         out["Progressing"] = ("False", "ProgressDeadlineExceeded", "; ".join(failed))
     else:
         out["Progressing"] = ("False", "RolloutComplete", "every pool runs the current spec")
+    out["ExactTokenization"] = exact_tokenization(sc)
     scaling_limited = _scaling_limited_when_disabled(sc)
     if scaling_limited:
         out["ScalingLimited"] = scaling_limited
     return out
+
+
+def exact_tokenization(sc: ServingCluster) -> tuple[str, str, str]:
+    """Whether the router has the model's tokenizer (prefix keys equal to the engines' blocks)."""
+    source = router_tokenizer(sc)
+    if source.exact:
+        reason = {"configured": "RouterTokenizer", "hub": "FetchedFromHub", "volume": "ModelVolume"}
+        return "True", reason[source.kind], source.message
+    return "False", "NoTokenizerSource", source.message
 
 
 def merge_conditions(

@@ -20,6 +20,7 @@ from tandem.router.errors import error_body, sse_error_event
 from tandem.router.features import featurizer_of
 from tandem.router.httpserver import Request, Responder
 from tandem.router.index import PrefixIndex
+from tandem.router.kv_failure import failed_before_output
 from tandem.router.metrics import RouterMetrics
 from tandem.router.scoring import Choice, score_engines
 from tandem.router.sessions import SessionTable
@@ -328,16 +329,16 @@ class Router:
         ]
         if prefill_engine is not None and kv_params is not None:
             headers.append(("x-tandem-prefill-engine", prefill_engine.id))
-        await self._decode(
-            request.path,
-            payload,
-            [c.engine for c in ranked],
-            route,
-            request_id,
-            responder,
-            headers,
-            timing,
-        )
+        engines = [c.engine for c in ranked]
+        args = (request_id, responder, headers, timing)
+        if await self._decode(request.path, payload, engines, route, *args, kv_params is not None):
+            # The decode engine could not use the prefill's KV: once more, prefilling it there.
+            self.metrics.child(self.metrics.retries, "decode", "kv_transfer").inc()
+            del body["kv_transfer_params"]
+            headers[:] = [("x-tandem-route", Route.LOCAL.value)] + [
+                h for h in headers[1:] if h[0] != "x-tandem-prefill-engine"
+            ]
+            await self._decode(request.path, _encode_json(body), engines, Route.LOCAL, *args)
 
     def _with_affinity(self, session: str, ranked: list[Choice]) -> list[Choice]:
         engine_id = self.sessions.get(session)
@@ -424,7 +425,10 @@ class Router:
         responder: Responder,
         headers: list[tuple[str, str]],
         timing: Timing,
-    ) -> None:
+        relayed_kv: bool = False,
+    ) -> bool:
+        """Streams the decode engine's answer to the client. With `relayed_kv`, an answer that
+        failed before any output (`failed_before_output`) is not sent: returns True instead."""
         timeouts = self.config.timeouts
         up_headers = [("content-type", "application/json"), ("x-request-id", request_id)]
         response: Response | None = None
@@ -457,7 +461,7 @@ class Router:
         if response is None:
             self.metrics.child(self.metrics.requests, pool, "502").inc()
             responder.send(502, error_body(502, "no decode engine could be reached"), headers)
-            return
+            return False
         status = response.status
         content_type = response.header("content-type") or "application/json"
         metrics = self.metrics
@@ -467,13 +471,16 @@ class Router:
                 data = await response.read()
                 engine.pending -= 1
                 pending = False
+                if relayed_kv and failed_before_output(status, False, data):
+                    metrics.child(metrics.upstream_errors, "decode", engine.id, "kv_transfer").inc()
+                    return True
                 self._first_byte(timing, engine, pool, headers)
                 responder.send(status, data, headers, content_type)
                 metrics.child(metrics.e2e, pool, engine.id).observe(
                     time.perf_counter() - timing.start
                 )
                 metrics.child(metrics.requests, pool, str(status)).inc()
-                return
+                return False
             # The client's headers wait for the first body byte: by then the KV handoff and the
             # first step are done and can be reported in them, and a silent engine still gets a
             # plain 504 instead of a broken stream.
@@ -484,6 +491,11 @@ class Router:
                     if pending:
                         engine.pending -= 1
                         pending = False
+                        if relayed_kv and failed_before_output(status, True, chunk):
+                            metrics.child(
+                                metrics.upstream_errors, "decode", engine.id, "kv_transfer"
+                            ).inc()
+                            return True
                         last = self._first_byte(timing, engine, pool, headers)
                         responder.start(status, headers, content_type)
                     else:
@@ -502,7 +514,7 @@ class Router:
                 if not responder.started:
                     metrics.child(metrics.requests, pool, str(status)).inc()
                     responder.send(status, error_body(status, message), headers)
-                    return
+                    return False
                 await responder.write(sse_error_event(status, message))
             if not responder.started:  # an empty stream
                 responder.start(status, headers, content_type)
@@ -518,6 +530,7 @@ class Router:
             if pending:
                 engine.pending -= 1
             response.release()  # closes the socket if incomplete: the engine aborts the request
+        return False
 
     def _first_byte(
         self, timing: Timing, engine: Engine, pool: str, headers: list[tuple[str, str]]

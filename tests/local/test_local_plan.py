@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import json
+import sys
 from pathlib import Path
 
 import pytest
+from tandem_process import MODEL_DIR
 
 from tandem.local.cluster import load_cluster, parse_set
-from tandem.local.plan import LocalOptions, build_plan, localize_args, localize_env
+from tandem.local.devices import DeviceError, EngineNeed, Machine, assign_devices
+from tandem.local.plan import LocalOptions, build_plan, localize_env
 from tandem.local.up import main as up_main
 from tandem.operator.api import ManifestError
 
@@ -83,7 +85,7 @@ def test_colocated_example_runs_workers_and_replica_overrides_apply(tmp_path: Pa
     sc = load_cluster(EXAMPLES / "llama-8b-colocated.yaml")
     plan = build_plan(
         sc,
-        LocalOptions(decode_replicas=1, engine="vllm", python="py"),
+        LocalOptions(decode_replicas=1, engine="vllm", vllm_python="py"),
         counter().__next__,
         tmp_path,
         {},
@@ -114,22 +116,6 @@ def test_set_overrides_are_validated_like_the_manifest() -> None:
         parse_set("spec.decode.replicas")
 
 
-def test_localize_args_handles_both_flag_spellings_and_adds_missing_ones() -> None:
-    args = [
-        "m",
-        "--port=8000",
-        "--kv-events-config",
-        '{"endpoint":"tcp://*:5557","replay_endpoint":"tcp://*:5558"}',
-    ]
-    local = localize_args(args, 9000, 9001, 9002)
-    assert local[:2] == ["m", "--port=9000"]
-    assert json.loads(flag(local, "--kv-events-config")) == {
-        "endpoint": "tcp://*:9001",
-        "replay_endpoint": "tcp://*:9002",
-    }
-    assert flag(local, "--host") == "127.0.0.1"
-
-
 def test_localize_env_resolves_field_refs() -> None:
     env = [
         {"name": "A", "value": "1"},
@@ -137,33 +123,86 @@ def test_localize_env_resolves_field_refs() -> None:
         {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "SECRET", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}},
     ]
-    local = localize_env(env, "decode-3", 7000, {"SECRET": "x", "KEEP": "y"})
-    assert local == {"A": "1", "IP": "127.0.0.1", "POD": "decode-3", "SECRET": "x", "KEEP": "y",
-                     "VLLM_NIXL_SIDE_CHANNEL_PORT": "7000", "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1"}  # fmt: skip
+    local = localize_env(env, "decode-3", {"SECRET": "x", "KEEP": "y"})
+    assert local == {"A": "1", "IP": "127.0.0.1", "POD": "decode-3", "SECRET": "x", "KEEP": "y"}
 
 
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
-def test_asking_for_vllm_without_it_is_refused_before_starting(
+def test_asking_for_vllm_from_an_interpreter_without_it_is_refused_before_starting(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert up_main([str(EXAMPLES / "llama-8b-pd.yaml"), "--engine", "vllm"]) == 2
-    assert "vLLM is not installed" in capsys.readouterr().out
+    # This test suite's own interpreter has no vLLM (the real-vLLM tier has its own).
+    argv = [str(EXAMPLES / "llama-8b-pd.yaml"), "--engine", "vllm", "--vllm-python", sys.executable]
+    assert up_main(argv) == 2
+    assert "vLLM is not installed for" in capsys.readouterr().err
 
 
-def test_bad_manifest_overrides_and_bench_options_are_refused(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    assert up_main([str(EXAMPLES / "llama-8b-pd.yaml"), "--set", "spec.decode.replicas=-2"]) == 2
-    assert "decode.replicas" in capsys.readouterr().err
-    assert (
-        up_main(
-            [
-                str(EXAMPLES / "llama-8b-pd.yaml"),
-                "--bench",
-                "quick",
-                "--bench-args",
-                "--share-ratio 0.5",
-            ]
+def test_vllm_engines_get_gpus_of_their_own_by_tensor_parallel_size(tmp_path: Path) -> None:
+    sc = load_cluster(EXAMPLES / "llama-8b-pd.yaml", ["spec.decode.tensorParallelSize=2"])
+    machine = Machine(gpus=("0", "1", "2", "3", "4", "5"), cores=(0, 1), cpu_build=False)
+    options = LocalOptions(engine="vllm", vllm_python="vpy", machine=machine)
+    plan = build_plan(sc, options, counter().__next__, tmp_path, {"CUDA_VISIBLE_DEVICES": "0-5"})
+    assert {e.name: e.env["CUDA_VISIBLE_DEVICES"] for e in plan.engines} == {
+        "prefill-0": "0",
+        "prefill-1": "1",
+        "decode-0": "2,3",
+        "decode-1": "4,5",
+    }
+    assert plan.engines[0].argv[:3] == ["vpy", "-m", "vllm.entrypoints.openai.api_server"]
+    assert plan.router.argv[0] == sys.executable  # the router stays on tandem's interpreter
+    with pytest.raises(DeviceError, match="need 7 GPU"):
+        build_plan(
+            sc,
+            LocalOptions(engine="vllm", machine=machine, prefill_replicas=3),
+            counter().__next__,
+            tmp_path,
+            {},
         )
-        == 2
+
+
+def test_cpu_engines_get_disjoint_cores_and_their_own_ports(tmp_path: Path) -> None:
+    sc = load_cluster(EXAMPLES / "tiny-vllm.yaml", [f"spec.model.name={MODEL_DIR}"])
+    machine = Machine(gpus=(), cores=(0, 1, 2, 3, 4, 5, 6, 7), cpu_build=True)
+    plan = build_plan(
+        sc, LocalOptions(engine="vllm", machine=machine), counter().__next__, tmp_path, {}
     )
+    binds = [e.env["VLLM_CPU_OMP_THREADS_BIND"] for e in plan.engines]
+    assert binds == ["0-3", "4-7"]
+    sides = [e.env["VLLM_NIXL_SIDE_CHANNEL_PORT"] for e in plan.engines]
+    events = [json.loads(flag(e.argv, "--kv-events-config"))["endpoint"] for e in plan.engines]
+    assert len(set(sides)) == len(set(events)) == 2
+    assert all(e.env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "127.0.0.1" for e in plan.engines)
+    decode = json.loads(flag(plan.engines[1].argv, "--kv-transfer-config"))
+    assert decode["kv_load_failure_policy"] == "recompute"
+    # The model directory has tokenizer.json: the router tokenizes exactly, as the engines do.
+    assert plan.router_config.tokenizer == sc.spec.model.name
+
+
+def test_device_shares_split_cores_per_rank_and_refuse_too_few() -> None:
+    machine = Machine(gpus=(), cores=(0, 1, 2, 3, 8, 9), cpu_build=True)
+    assert assign_devices([EngineNeed("p", 2), EngineNeed("d", 1)], machine) == {
+        "p": {"VLLM_CPU_OMP_THREADS_BIND": "0|1"},
+        "d": {"VLLM_CPU_OMP_THREADS_BIND": "3,8-9"},
+    }
+    assert assign_devices([EngineNeed("w", 1)], machine) == {
+        "w": {"VLLM_CPU_OMP_THREADS_BIND": "0-3,8-9"}
+    }
+    with pytest.raises(DeviceError, match="cores of their own"):
+        assign_devices([EngineNeed(f"e{i}", 1) for i in range(7)], machine)
+
+
+def test_a_hub_model_on_vllm_gets_its_tokenizer_fetched_before_the_router_starts(
+    tmp_path: Path,
+) -> None:
+    sc = load_cluster(EXAMPLES / "llama-8b-pd.yaml")
+    machine = Machine(gpus=("0", "1", "2", "3"), cores=(0,), cpu_build=False)
+    options = LocalOptions(engine="vllm", vllm_python="vpy", machine=machine)
+    plan = build_plan(sc, options, counter().__next__, tmp_path, {"HF_TOKEN": "t"})
+    fetch = plan.tokenizer_fetch
+    assert fetch is not None
+    assert fetch.argv[:2] == ["vpy", "-c"]  # vLLM's interpreter has huggingface_hub
+    assert fetch.argv[3:5] == ["meta-llama/Llama-3.1-8B-Instruct", ""]
+    assert fetch.argv[5] == str(tmp_path / "tokenizer") == plan.router_config.tokenizer
+    assert fetch.env["HF_TOKEN"] == "t"
+    emulated = build_plan(sc, LocalOptions(), counter().__next__, tmp_path, {})
+    assert emulated.tokenizer_fetch is None
+    assert emulated.router_config.tokenizer == "tandem-fallback"

@@ -20,6 +20,7 @@ from tandem.operator.render import (
     vllm_args,
     vllm_env,
 )
+from tandem.operator.tokenizer import TOKENIZER_DIR
 from tandem.router.config import RouterConfig
 
 K8S_VERSION = "1.34.0"
@@ -127,9 +128,11 @@ def test_vllm_args_of_each_pool(pd_cluster: ServingCluster, role: str, kv_role: 
     assert flag(args, "--prefix-caching-hash-algo") == "sha256_cbor"
     assert flag(args, "--max-num-batched-tokens") == "8192"
     assert flag(args, "--max-model-len") == "16384"
+    # A failed KV pull makes the decode engine recompute the prompt, not fail the request.
+    recompute = ',"kv_load_failure_policy":"recompute"' if role == "decode" else ""
     assert (
         flag(args, "--kv-transfer-config")
-        == f'{{"kv_connector":"NixlConnector","kv_role":"{kv_role}"}}'
+        == f'{{"kv_connector":"NixlConnector","kv_role":"{kv_role}"{recompute}}}'
     )
     assert json.loads(flag(args, "--kv-events-config")) == {
         "enable_kv_cache_events": True,
@@ -266,7 +269,7 @@ def test_router_objects(pd_cluster: ServingCluster) -> None:
     assert pod["serviceAccountName"] == "llama-8b-router"
     config_map = by_kind(objects, "ConfigMap", "llama-8b-router")
     config = RouterConfig.model_validate(yaml.safe_load(config_map["data"]["router.yaml"]))
-    assert config == router_config(pd_cluster)
+    assert config == router_config(pd_cluster, tokenizer=TOKENIZER_DIR)
     role = by_kind(objects, "Role", "llama-8b-router")
     assert role["rules"] == [
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}

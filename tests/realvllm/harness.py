@@ -1,0 +1,280 @@
+"""Real vLLM engines for the real-vLLM tier: the tiny example cluster as `tandem up` plans it, its
+engines started from that plan, and `tandem router` in front of them.
+
+The engines run the flags the operator renders (through `tandem.local.plan`), so this tier checks
+the renderer against the real engine as well. Everything binds inside the tier's own network
+namespace (scripts/test-vllm.sh), where `tcp://*` reaches nothing but loopback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+from openai._legacy_response import LegacyAPIResponse
+from openai.types import Completion
+from prometheus_client.parser import text_string_to_metric_families
+from tandem_process import MODEL_DIR, ROOT, TandemProcess, free_port
+
+from tandem.local.cluster import PortPool, load_cluster
+from tandem.local.devices import probe_machine
+from tandem.local.plan import LocalOptions, LocalPlan, ProcessSpec, build_plan
+from tandem.router.config import RouterConfig
+
+VLLM_PYTHON = os.environ.get("TANDEM_VLLM_PYTHON", "")
+EXAMPLE = ROOT / "examples" / "tiny-vllm.yaml"
+BLOCK = 32  # the example's blockSize
+STARTUP_S = 240.0
+
+# Meta-Llama-3-8B-Instruct's chat template (tokenizer_config.json on the Hugging Face Hub,
+# meta-llama/Meta-Llama-3-8B-Instruct): bos_token, header tokens, trimmed content.
+LLAMA3_TEMPLATE = (
+    "{% set loop_messages = messages %}{% for message in loop_messages %}"
+    "{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'"
+    "+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}"
+    "{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}"
+    "{% endif %}"
+)
+LLAMA3_SPECIAL = ["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
+
+
+def make_llama3_style_model(dest: Path) -> Path:
+    """The golden tiny model with a Llama-3-style chat template: its three header tokens become
+    special tokens after the tokenizer's last id (the model's embedding has 512 rows)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    shutil.copy(MODEL_DIR / "config.json", dest / "config.json")
+    tokenizer = json.loads((MODEL_DIR / "tokenizer.json").read_text())
+    ids = [*tokenizer["model"]["vocab"].values(), *(t["id"] for t in tokenizer["added_tokens"])]
+    for offset, content in enumerate(LLAMA3_SPECIAL):
+        tokenizer["added_tokens"].append(
+            {
+                "id": max(ids) + 1 + offset,
+                "content": content,
+                "single_word": False,
+                "lstrip": False,
+                "rstrip": False,
+                "normalized": False,
+                "special": True,
+            }
+        )
+    (dest / "tokenizer.json").write_text(json.dumps(tokenizer))
+    config = json.loads((MODEL_DIR / "tokenizer_config.json").read_text())
+    config["chat_template"] = LLAMA3_TEMPLATE
+    (dest / "tokenizer_config.json").write_text(json.dumps(config))
+    return dest
+
+
+def openai_client(url: str) -> openai.OpenAI:
+    """The official client against a router at `url`; no retries, so a failure shows."""
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=120, max_retries=0)
+
+
+def stream_completion(
+    url: str, prompt: str, max_tokens: int
+) -> LegacyAPIResponse[openai.Stream[Completion]]:
+    """A streamed completion of exactly `max_tokens` tokens with usage, headers readable."""
+    return openai_client(url).completions.with_raw_response.create(
+        model="tiny",
+        prompt=prompt,
+        max_tokens=max_tokens,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
+
+
+def metrics_of(url: str) -> dict[str, float]:
+    """A /metrics page as {"name{label=value,...}": value}, labels sorted, engine/model dropped."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(
+                f"{k}={v}"
+                for k, v in sorted(sample.labels.items())
+                if k not in ("engine", "model_name")
+            )
+            key = f"{sample.name}{{{labels}}}" if labels else sample.name
+            out[key] = out.get(key, 0.0) + sample.value
+    return out
+
+
+class EngineProcess:
+    """One vLLM engine from a plan's ProcessSpec, in a process group of its own (vLLM starts an
+    engine-core and a worker process below its API server: signals go to the whole group)."""
+
+    def __init__(self, spec: ProcessSpec, log_dir: Path) -> None:
+        self.spec = spec
+        self.log_path = log_dir / f"{spec.name}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return self.spec.url
+
+    def start(self) -> None:
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                self.spec.argv,
+                env=self.spec.env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def healthy(self) -> bool:
+        with contextlib.suppress(httpx.HTTPError):
+            return httpx.get(f"{self.url}/health", timeout=2).status_code == 200
+        return False
+
+    def wait_healthy(self, timeout_s: float = STARTUP_S) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise RuntimeError(f"{self.spec.name} exited while starting:\n{self.log_tail()}")
+            if self.healthy():
+                return
+            time.sleep(0.5)
+        raise TimeoutError(f"{self.spec.name} not healthy in {timeout_s} s:\n{self.log_tail()}")
+
+    def log_tail(self, chars: int = 4000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:]
+
+    def signal_group(self, sig: signal.Signals) -> None:
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, sig)
+
+    def kill(self) -> None:
+        """SIGKILL the engine and its children at once (a crash, not a shutdown)."""
+        self.signal_group(signal.SIGKILL)
+        if self.proc is not None:
+            self.proc.wait(30)
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        self.signal_group(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(20)
+        self.signal_group(signal.SIGKILL)  # grandchildren of an exited leader, too
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(10)
+
+
+def plan_tiny_cluster(model_dir: Path, run_dir: Path, sets: list[str] | None = None) -> LocalPlan:
+    """The tiny example as `tandem up --engine vllm` plans it, on this machine's cores."""
+    sc = load_cluster(EXAMPLE, [f"spec.model.name={model_dir}", *(sets or [])])
+    options = LocalOptions(
+        engine="vllm",
+        router_port=free_port(),
+        vllm_python=VLLM_PYTHON,
+        machine=probe_machine(VLLM_PYTHON, os.environ),
+    )
+    ports = PortPool()
+    try:
+        return build_plan(sc, options, ports.take, run_dir, os.environ)
+    finally:
+        ports.release()
+
+
+class Router(TandemProcess):
+    """`tandem router --config FILE` for a plan, with config overrides."""
+
+    def __init__(self, config: RouterConfig, run_dir: Path, name: str = "router") -> None:
+        path = run_dir / f"{name}.yaml"
+        path.write_text(config.to_yaml())
+        self.config = config
+        super().__init__(name, ["router", "--config", str(path)], config.port)
+
+    def engines(self) -> list[dict[str, Any]]:
+        engines: list[dict[str, Any]] = httpx.get(f"{self.url}/engines", timeout=5).json()
+        return engines
+
+    def wait_engines_healthy(self, dead: set[str], timeout_s: float = 30.0) -> None:
+        """Until the router sees every engine healthy but the `dead` ones (URLs)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if all(e["healthy"] for e in self.engines() if e["url"] not in dead):
+                return
+            time.sleep(0.2)
+        raise TimeoutError(f"router does not see every engine healthy: {self.engines()}")
+
+    def kv_seqs(self) -> dict[str, int]:
+        return {
+            e["url"]: -1 if e["kv_events_last_seq"] is None else e["kv_events_last_seq"]
+            for e in self.engines()
+        }
+
+    def wait_kv_events_settled(self, before: dict[str, int], timeout_s: float = 15.0) -> None:
+        """Until the index has what the last request stored: every engine's KV-event sequence has
+        moved past `before` and held still for half a second, or none moved for two seconds (a
+        request whose blocks were all cached already stores nothing)."""
+        deadline = time.monotonic() + timeout_s
+        last, since = self.kv_seqs(), time.monotonic()
+        while time.monotonic() < deadline:
+            time.sleep(0.1)
+            now = self.kv_seqs()
+            if now != last:
+                last, since = now, time.monotonic()
+                continue
+            still = time.monotonic() - since
+            moved = all(now[u] > before.get(u, -1) for u in now)
+            if (moved and still > 0.5) or (now == before and still > 2.0):
+                return
+        raise TimeoutError(
+            f"KV events did not settle: before {before}, now {last}; router log:\n{self.output()}"
+        )
+
+
+class PDCluster:
+    """The shared pair: engines started from the plan (restarted when a test killed one) and a
+    router per test module's needs."""
+
+    def __init__(self, plan: LocalPlan, run_dir: Path) -> None:
+        self.plan = plan
+        self.run_dir = run_dir
+        self.prefill, self.decode = (EngineProcess(s, run_dir) for s in plan.engines)
+        self.routers: list[Router] = []
+
+    def ensure_engines(self, *needed: EngineProcess) -> None:
+        """The `needed` engines (default both) healthy; a killed one is started again on its own
+        ports."""
+        dead = [
+            e for e in needed or (self.prefill, self.decode) if not e.alive() or not e.healthy()
+        ]
+        for engine in dead:
+            engine.stop()
+            engine.start()
+        for engine in dead:
+            engine.wait_healthy()
+
+    def router(self, name: str = "router", **changes: object) -> Router:
+        """A router for the pair (the plan's config with `changes`), ready."""
+        config = self.plan.router_config.model_copy(update={"port": free_port(), **changes})
+        router = Router(config, self.run_dir, name)
+        self.routers.append(router)
+        router.wait_ready(timeout=60)
+        router.wait_engines_healthy({e.url for e in (self.prefill, self.decode) if not e.alive()})
+        return router
+
+    def stop(self) -> None:
+        for router in self.routers:
+            router.stop()
+        self.routers.clear()
+        for engine in (self.prefill, self.decode):
+            engine.stop()

@@ -1,0 +1,106 @@
+"""Engines that die under a request: a prefill engine killed between its answer and the decode
+engine's KV pull (the request must still be answered), and a decode engine killed mid-stream
+(the client must get a terminal error, not a hang). Each test kills a real engine; the shared pair
+is restarted before the next test that needs it."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import openai
+import pytest
+from harness import PDCluster, metrics_of, openai_client, stream_completion
+from prefill_standin import PrefillStandIn
+
+from tandem.router.config import DisaggregationConfig, StaticDiscovery, StaticEndpoint
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+PROMPT = "A prompt whose KV cache the decode engine will not be able to pull. " * 15
+
+
+@pytest.fixture
+def standin(pd: PDCluster) -> Iterator[PrefillStandIn]:
+    standin = PrefillStandIn(pd.prefill.url)
+    yield standin
+    standin.stop()
+
+
+def test_prefill_killed_after_its_answer_still_answers_the_client(
+    pd: PDCluster, standin: PrefillStandIn
+) -> None:
+    """The prefill engine is SIGKILLed right after it answered, so the decode engine's NIXL pull
+    meets a dead peer. The decode pool's `kv_load_failure_policy: recompute` (rendered by the
+    operator) recomputes the prompt there, and the router would retry once without remote prefill
+    if the decode answer still failed: either way the client gets its tokens."""
+    plan = pd.plan.router_config
+    assert plan.static is not None
+    static = StaticDiscovery(prefill=[StaticEndpoint(url=standin.url)], decode=plan.static.decode)
+    router = pd.router("router-standin", tokenizer=None, static=static)
+    try:
+        # One relayed request first: the decode engine's NIXL handshake with this prefill engine is
+        # done, so the next pull fails on the transfer itself (a dead peer), not the handshake.
+        warm = openai_client(router.url).completions.create(
+            model="tiny", prompt=PROMPT + "warm", max_tokens=2
+        )
+        assert warm.usage is not None
+        before = metrics_of(pd.decode.url)
+        standin.arm(pd.prefill.kill)
+        started = time.monotonic()
+        raw = stream_completion(router.url, PROMPT + "after the kill", 8)
+        chunks = list(raw.parse())
+        elapsed = time.monotonic() - started
+        assert standin.kills == 1
+        assert not pd.prefill.alive()
+        usage = chunks[-1].usage
+        assert usage is not None
+        assert usage.completion_tokens == 8
+        after = metrics_of(pd.decode.url)
+        failed = after["vllm:nixl_num_failed_transfers_total"] - before.get(
+            "vllm:nixl_num_failed_transfers_total", 0
+        )
+        retries = metrics_of(router.url).get(
+            "tandem_router_retries_total{pool=decode,reason=kv_transfer}", 0.0
+        )
+        print(
+            f"prefill killed: answered in {elapsed:.2f} s, failed pulls {failed}, router retries {retries}"
+        )
+        assert failed == 1  # the pull did meet the dead engine
+    finally:
+        router.stop()
+
+
+def test_decode_killed_mid_stream_ends_the_clients_stream_with_an_error(
+    pd_cluster: PDCluster,
+) -> None:
+    # Only the decode engine streams here: a prefill engine killed by the test before is not
+    # restarted for it (that costs a minute on this machine).
+    pd = pd_cluster
+    pd.ensure_engines(pd.decode)
+    router = pd.router(
+        "router-midstream", tokenizer=None, disaggregation=DisaggregationConfig(mode="never")
+    )
+    try:
+        stream = openai_client(router.url).completions.create(
+            model="tiny",
+            prompt=PROMPT,
+            max_tokens=1800,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+        received = 0
+        with pytest.raises(openai.APIError) as failure:  # noqa: PT012 (the kill happens while streaming)
+            for _ in stream:
+                received += 1
+                if received == 3:
+                    killed_at = time.monotonic()
+                    pd.decode.kill()
+        ended_after = time.monotonic() - killed_at
+        print(
+            f"decode killed after {received} chunks: the client's stream ended {ended_after:.2f} s later"
+        )
+        assert "decode engine failed mid-stream" in str(failure.value)
+        assert ended_after < 30
+    finally:
+        router.stop()

@@ -1,0 +1,71 @@
+"""A decode answer that failed before any output after a KV handoff is retried once without
+remote prefill: emulator engines, the prefill engine killed between its answer and the decode
+engine's NIXL pull (the emulator fails such a request as vLLM's `kv_load_failure_policy: fail`
+does; real vLLM with the operator's `recompute` policy is tests/realvllm/test_failures.py)."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+from prefill_standin import PrefillStandIn
+from router_harness import LONG, MODEL_DIR, Engine, Router, metric, metrics, running
+
+pytestmark = [
+    pytest.mark.timeout(120),
+    pytest.mark.skipif(not MODEL_DIR.exists(), reason="golden model absent"),
+]
+
+
+def wait_all_healthy(router: Router, timeout_s: float = 20.0) -> None:
+    """Until the router's monitor has seen both engines answer (a request before that is
+    prefilled locally or refused)."""
+    deadline = time.monotonic() + timeout_s
+    while not all(e["healthy"] for e in httpx.get(f"{router.url}/engines", timeout=5).json()):
+        assert time.monotonic() < deadline, "engines never healthy in the router's view"
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_failed_kv_pull_is_retried_on_decode_without_remote_prefill(stream: bool) -> None:
+    prefill, decode = Engine("prefill"), Engine("decode")
+    standin = PrefillStandIn(prefill.url)
+    router = Router(
+        ["--prefill", standin.url, "--decode", decode.url, "--disaggregation", "always"]
+    )
+    try:
+        with running(prefill, decode, router):
+            wait_all_healthy(router)
+            warm = httpx.post(
+                f"{router.url}/v1/completions",
+                json={"model": "tiny", "prompt": LONG + "warm", "max_tokens": 2},
+                timeout=60,
+            )
+            assert warm.headers["x-tandem-route"] == "disaggregated"
+            standin.arm(prefill.kill)
+            body = {
+                "model": "tiny",
+                "prompt": LONG + "after the kill",
+                "max_tokens": 4,
+                "stream": stream,
+            }
+            answer = httpx.post(f"{router.url}/v1/completions", json=body, timeout=60)
+            assert standin.kills == 1
+            assert answer.status_code == 200, answer.text
+            assert answer.headers["x-tandem-route"] == "local"
+            assert "x-tandem-prefill-engine" not in answer.headers
+            if stream:
+                events = [line for line in answer.text.splitlines() if line.startswith("data: ")]
+                assert events[-1] == "data: [DONE]"
+                assert not any('"error"' in e for e in events)
+            else:
+                assert answer.json()["usage"]["completion_tokens"] == 4
+            text = metrics(router.url)
+            assert (
+                metric(text, "tandem_router_retries_total", pool="decode", reason="kv_transfer")
+                == 1
+            )
+            assert metric(text, "tandem_router_upstream_errors_total", kind="kv_transfer") == 1
+    finally:
+        standin.stop()
