@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 from harness import VLLM_PYTHON, PDCluster, make_llama3_style_model, plan_tiny_cluster
 
-# Tests that kill engines run after those that share them; `tandem up` runs its own pair last.
-MODULE_ORDER = ["test_pd", "test_parity", "test_failures", "test_up"]
+# Tests that kill engines run after those that share them; those that start engines of their own
+# (`tandem up`, the engine security context) stop the shared pair and run last.
+MODULE_ORDER = ["test_pd", "test_parity", "test_failures", "test_up", "test_engine_context"]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

