@@ -67,6 +67,7 @@ class ProcessSpec:
     port: int
     kv_events: str | None = None
     kv_events_replay: str | None = None
+    side_channel_port: int | None = None  # VLLM_NIXL_SIDE_CHANNEL_PORT: the router checks handoffs
 
     @property
     def url(self) -> str:
@@ -239,12 +240,18 @@ def build_plan(
                     port=ports.http,
                     kv_events=f"tcp://{LOCALHOST}:{ports.kv_events}",
                     kv_events_replay=f"tcp://{LOCALHOST}:{ports.kv_replay}",
+                    side_channel_port=ports.nixl_side_channel,
                 )
             )
 
     def endpoints(role: str) -> list[StaticEndpoint]:
         return [
-            StaticEndpoint(url=e.url, kv_events=e.kv_events, kv_events_replay=e.kv_events_replay)
+            StaticEndpoint(
+                url=e.url,
+                kv_events=e.kv_events,
+                kv_events_replay=e.kv_events_replay,
+                side_channel_port=e.side_channel_port,
+            )
             for e in engines
             if e.role == role
         ]

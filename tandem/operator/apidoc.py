@@ -114,9 +114,10 @@ ServingCluster so that deleting it garbage-collects them; PVCs and Secrets are o
 | Deployment | `NAME-prefill`, `NAME-decode` | `vllm serve` with NixlConnector (`kv_producer` / `kv_consumer`), KV events on ports 5557 (PUB) and 5558 (replay), NIXL side channel 5600, HTTP 8000, probes on `/health`; no prefill pool when `router.disaggregation.mode` is `never` |
 | Service (headless) | `NAME-prefill`, `NAME-decode` | ports `http`, `kv-events`, `kv-replay`, `nixl` |
 | PodDisruptionBudget | `NAME-prefill`, `NAME-decode`, `NAME-router` | `maxUnavailable: 1` |
-| Deployment, Service | `NAME-router` | `tandem router --config /etc/tandem/router.yaml`; the Service is the endpoint clients use |
+| Deployment, Service | `NAME-router` | `tandem router --config /etc/tandem/router.yaml`; the Service is the endpoint clients use; liveness probe `/livez`, readiness `/health` |
+| Service | `NAME-router-admin` | ClusterIP, port `admin` (9901): the router's `/metrics` (scraped by the ServiceMonitor) and `/engines` |
 | ConfigMap | `NAME-router` | key `router.yaml`: the router's configuration (a change rolls the router pods) |
-| ServiceAccount, Role, RoleBinding | `NAME-router` | the router may get/list/watch Pods in the namespace (engine discovery) |
+| ServiceAccount, Role, RoleBinding | `NAME-router` | the router may get/list/watch Pods and get/list Deployments and ReplicaSets in the namespace (engine discovery admits only the pools' own Pods) |
 | ServiceMonitor, PodMonitor | `NAME-router`, `NAME-engines` | when `monitoring.enabled` and the monitoring.coreos.com CRDs exist |
 | NetworkPolicy | `NAME-engines`, `NAME-router` | when `networkPolicy.enabled` |
 

@@ -32,6 +32,7 @@ from tandem.router.config import (
     ScoringConfig,
     StaticDiscovery,
     TimeoutConfig,
+    TrustConfig,
 )
 
 EngineRole = Literal["prefill", "decode"]
@@ -49,6 +50,8 @@ NIXL_TRANSFER_PORTS = (5601, 5699)
 KV_EVENTS_TOPIC = "kv-events"
 ROUTER_PORT = 8000
 ALL_INTERFACES = "0.0.0.0"
+# /metrics and /engines: never on the client-facing port (Envoy's admin port number).
+ROUTER_ADMIN_PORT = 9901
 ROUTER_CONFIG_DIR = "/etc/tandem"
 ROUTER_CONFIG_KEY = "router.yaml"
 
@@ -529,8 +532,11 @@ def router_config(
             engine_port=HTTP_PORT,
             kv_events_port=KV_EVENTS_PORT,
             kv_events_replay_port=KV_REPLAY_PORT,
+            side_channel_port=NIXL_SIDE_CHANNEL_PORT,
         ),
         static=static,
+        # `tandem up` serves /metrics on the router's own loopback port (its bench samples it there)
+        trust=TrustConfig() if static else TrustConfig(admin_port=ROUTER_ADMIN_PORT),
         metrics_scrape_interval_s=router.metrics_scrape_interval_seconds,
         log_level=router.log_level,
         auth=auth or router_auth_config(sc),
@@ -557,12 +563,20 @@ def router_service_account(sc: ServingCluster) -> dict[str, Any]:
 
 
 def router_role(sc: ServingCluster) -> dict[str, Any]:
-    """The router watches its cluster's engine Pods (discovery) and nothing else."""
+    """The router watches its cluster's engine Pods (discovery) and reads the pools' Deployments
+    and ReplicaSets (a Pod is admitted only when the pool's ReplicaSet controls it)."""
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",
         "metadata": _meta(sc, child_name(sc, "router"), "router"),
-        "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}],
+        "rules": [
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+            {
+                "apiGroups": ["apps"],
+                "resources": ["deployments", "replicasets"],
+                "verbs": ["get", "list"],
+            },
+        ],
     }
 
 
@@ -586,19 +600,27 @@ def router_deployment(sc: ServingCluster) -> dict[str, Any]:
     router = sc.spec.router
     name = child_name(sc, "router")
     volumes, mounts = router_volumes(sc)
-    http_probe = {"httpGet": {"path": "/health", "port": "http"}, "timeoutSeconds": 3}
+
+    def probe(path: str) -> dict[str, Any]:
+        return {"httpGet": {"path": path, "port": "http"}, "timeoutSeconds": 3}
+
     container: dict[str, Any] = {
         "name": ROUTER_CONTAINER,
         "image": router.image,
         "imagePullPolicy": router.image_pull_policy,
         "command": ["tandem", "router"],
         "args": ["--config", f"{ROUTER_CONFIG_DIR}/{ROUTER_CONFIG_KEY}"],
-        "ports": [{"name": "http", "containerPort": ROUTER_PORT, "protocol": "TCP"}],
+        "ports": [
+            {"name": "http", "containerPort": ROUTER_PORT, "protocol": "TCP"},
+            {"name": "admin", "containerPort": ROUTER_ADMIN_PORT, "protocol": "TCP"},
+        ],
         "resources": router.resources.model_dump(by_alias=True),
         "volumeMounts": mounts,
-        "readinessProbe": {**http_probe, "periodSeconds": 5, "failureThreshold": 3},
+        # Ready while a decode engine is healthy; alive while the process serves (engines may
+        # take minutes to load, and restarting the router then helps nobody).
+        "readinessProbe": {**probe("/health"), "periodSeconds": 5, "failureThreshold": 3},
         "livenessProbe": {
-            **http_probe,
+            **probe("/livez"),
             "periodSeconds": 10,
             "failureThreshold": 6,
             "initialDelaySeconds": 10,
@@ -669,6 +691,27 @@ def router_service(sc: ServingCluster) -> dict[str, Any]:
     }
 
 
+def router_admin_service(sc: ServingCluster) -> dict[str, Any]:
+    """In-cluster only: the router's admin port (/metrics for Prometheus, /engines)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(sc, child_name(sc, "router-admin"), "router"),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector_labels(sc, "router"),
+            "ports": [
+                {
+                    "name": "admin",
+                    "port": ROUTER_ADMIN_PORT,
+                    "targetPort": "admin",
+                    "protocol": "TCP",
+                }
+            ],
+        },
+    }
+
+
 # --- optional objects --------------------------------------------------------------------------
 
 
@@ -688,6 +731,8 @@ def monitors(sc: ServingCluster) -> list[dict[str, Any]]:
     """A ServiceMonitor for the router and a PodMonitor for the engines (Prometheus Operator)."""
     monitoring = sc.spec.monitoring
     endpoint_ = {"port": "http", "path": "/metrics", "interval": monitoring.interval}
+    # The router serves /metrics on its admin port only (the NAME-router-admin Service's).
+    router_endpoint = {**endpoint_, "port": "admin"}
 
     def meta(name: str, role: Role | None) -> dict[str, Any]:
         meta_ = _meta(sc, name, role)
@@ -702,7 +747,7 @@ def monitors(sc: ServingCluster) -> list[dict[str, Any]]:
             "spec": {
                 "selector": {"matchLabels": selector_labels(sc, "router")},
                 "namespaceSelector": {"matchNames": [sc.namespace]},
-                "endpoints": [endpoint_],
+                "endpoints": [router_endpoint],
                 "podTargetLabels": MONITOR_POD_LABELS,
             },
         },
@@ -786,7 +831,7 @@ def network_policies(sc: ServingCluster) -> list[dict[str, Any]]:
     """One policy per component, each selecting its pods for ingress and egress, so anything not
     listed here is denied (docs/security.md shows the matrix):
 
-    - router  in:  http from `allowFrom` (anyone when empty) and from Prometheus;
+    - router  in:  http from `allowFrom` (anyone when empty); the admin port (/metrics) from Prometheus;
               out: engines' http, kv-events and kv-replay; DNS; the API server (pod discovery);
                    model download while its init container fetches a Hub model's tokenizer;
     - engine  in:  http, kv-events, kv-replay from this cluster's router; http from Prometheus;
@@ -801,9 +846,8 @@ def network_policies(sc: ServingCluster) -> list[dict[str, Any]]:
     router_in: dict[str, Any] = {"ports": _tcp("http")}
     if policy.allow_from:
         router_in["from"] = policy.allow_from
-    router_ingress = [router_in]
-    if policy.allow_from:
-        router_ingress.append({"from": [prometheus], "ports": _tcp("http")})
+    # Prometheus scrapes the router's admin port (/metrics is not served on http).
+    router_ingress = [router_in, {"from": [prometheus], "ports": _tcp("admin")}]
     engine_ports = _tcp(HTTP_PORT, KV_EVENTS_PORT, KV_REPLAY_PORT)
     router_egress = [
         {"to": [_pods(sc, *rendered_roles(sc))], "ports": engine_ports},
@@ -956,7 +1000,12 @@ def render(sc: ServingCluster) -> list[dict[str, Any]]:
             engine_deployment(sc, role),
             disruption_budget(sc, role),
         ]
-    objects += [router_service(sc), router_deployment(sc), disruption_budget(sc, "router")]
+    objects += [
+        router_service(sc),
+        router_admin_service(sc),
+        router_deployment(sc),
+        disruption_budget(sc, "router"),
+    ]
     if sc.spec.monitoring.enabled:
         objects += monitors(sc)
     if sc.spec.network_policy.enabled:

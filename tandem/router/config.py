@@ -59,6 +59,8 @@ class AdmissionConfig(_Strict):
     max_queue_per_priority: int | None = Field(None, ge=1, alias="maxQueuePerPriority")
     # Sessions remembered for affinity (least recently used forgotten first).
     max_sessions: int = Field(65536, ge=1, alias="maxSessions")
+    # ... and the bytes their ids and engine names may take together.
+    max_session_bytes: int = Field(16 * 1024 * 1024, ge=1024, alias="maxSessionBytes")
 
 
 class TimeoutConfig(_Strict):
@@ -72,14 +74,50 @@ class TimeoutConfig(_Strict):
     request_s: float = Field(600.0, gt=0, alias="requestSeconds")
 
 
+class HttpLimits(_Strict):
+    """Limits on client connections (docs/reliability.md compares them with nginx's and Envoy's).
+
+    Header and body times run from the first byte of the request head or body to its last byte;
+    the idle time is a keep-alive connection's wait for its next request.
+    """
+
+    header_timeout_s: float = Field(10.0, gt=0, alias="headerTimeoutSeconds")
+    body_timeout_s: float = Field(30.0, gt=0, alias="bodyTimeoutSeconds")
+    idle_timeout_s: float = Field(60.0, gt=0, alias="idleTimeoutSeconds")
+    max_connections: int = Field(4096, ge=1, alias="maxConnections")
+    max_header_count: int = Field(100, ge=1, alias="maxHeaderCount")
+    # Request line plus every header name and value.
+    max_header_bytes: int = Field(64 * 1024, ge=1024, alias="maxHeaderBytes")
+
+
+class TrustConfig(_Strict):
+    """Which clients may steer the router (priority, debug headers) and read its internals.
+
+    A trusted client sends one of `admin_keys` as its bearer token, or every client is trusted
+    (`trust_all_clients`, for a private deployment). `/engines` and `/metrics` are served on
+    `admin_port` when set (and then only there); otherwise on the main port to trusted or loopback
+    clients.
+    """
+
+    admin_keys: list[str] = Field(default_factory=list, alias="adminKeys")
+    trust_all_clients: bool = Field(False, alias="trustAllClients")
+    admin_port: int | None = Field(None, ge=0, alias="adminPort")
+
+
 class KubernetesDiscovery(_Strict):
-    """Discover engine pods by watching Pods with the ServingCluster's labels."""
+    """Discover engine pods by watching Pods with the ServingCluster's labels.
+
+    A Pod counts only if its controller is a ReplicaSet of the pool's own Deployment
+    (`<clusterName>-prefill` / `-decode`), checked by uid; the labels alone select, never admit.
+    """
 
     namespace: str
     cluster_name: str = Field(alias="clusterName")
     engine_port: int = Field(8000, alias="enginePort")
     kv_events_port: int | None = Field(5557, alias="kvEventsPort")
     kv_events_replay_port: int | None = Field(5558, alias="kvEventsReplayPort")
+    # VLLM_NIXL_SIDE_CHANNEL_PORT of the engines: a prefill answer must name it.
+    side_channel_port: int = Field(5600, alias="sideChannelPort")
 
 
 class StaticEndpoint(_Strict):
@@ -88,6 +126,8 @@ class StaticEndpoint(_Strict):
     url: str
     kv_events: str | None = Field(None, alias="kvEvents")  # e.g. tcp://127.0.0.1:5557
     kv_events_replay: str | None = Field(None, alias="kvEventsReplay")
+    # The engine's VLLM_NIXL_SIDE_CHANNEL_PORT (vLLM's default 5600 when unset).
+    side_channel_port: int | None = Field(None, alias="sideChannelPort")
 
 
 class StaticDiscovery(_Strict):
@@ -136,6 +176,8 @@ class RouterConfig(_Strict):
     disaggregation: DisaggregationConfig = Field(default_factory=DisaggregationConfig)
     admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
     timeouts: TimeoutConfig = Field(default_factory=TimeoutConfig)
+    http: HttpLimits = Field(default_factory=HttpLimits)
+    trust: TrustConfig = Field(default_factory=TrustConfig)
     kubernetes: KubernetesDiscovery | None = None
     static: StaticDiscovery | None = None
     metrics_scrape_interval_s: float = Field(0.5, gt=0, alias="metricsScrapeIntervalSeconds")

@@ -1,12 +1,18 @@
-"""Whether a request is disaggregated (prefill pod, then decode pod) or prefilled on the decode pod."""
+"""The routing plan of one request: decode ranking, route and its reason, prefill ranking.
+
+Everything here is a pure function of the request's features and a snapshot of the pool; the
+proxy gathers the inputs, calls `plan_route` and carries the plan out.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from enum import StrEnum
 
-from tandem.router.config import DisaggregationConfig
+from tandem.router.config import DisaggregationConfig, RouterConfig
 from tandem.router.engines import Engine
+from tandem.router.scoring import Choice, score_engines
 
 
 class Route(StrEnum):
@@ -14,15 +20,25 @@ class Route(StrEnum):
     LOCAL = "local"  # the decode (or colocated) engine prefills itself
 
 
+class Reason(StrEnum):
+    """Why a request took its route; the label of `tandem_router_decisions_total`."""
+
+    DISAGGREGATED = "disaggregated"
+    LOCAL = "local"
+    FALLBACK = "fallback"  # P/D was wanted but no prefill engine could serve it
+
+
 def decide_route(
     uncached_tokens: int,
     prefill_engines: Sequence[Engine],
     decode_engine: Engine,
     config: DisaggregationConfig,
+    n: int = 1,
 ) -> Route:
     """P/D when the prompt is worth moving, else local.
 
     never                                  -> local
+    n > 1                                  -> local (a prefill answer hands off one sequence's KV)
     no healthy prefill engine              -> local (fallback)
     decode engine is colocated             -> local (nothing to hand off)
     always                                 -> disaggregated
@@ -31,12 +47,82 @@ def decide_route(
           otherwise                        -> disaggregated
     `uncached` counts prompt tokens the decode engine does not hold in its prefix cache.
     """
-    if config.mode == "never" or not prefill_engines or decode_engine.colocated:
+    rules = config
+    if rules.mode == "never" or n != 1 or not prefill_engines or decode_engine.colocated:
         return Route.LOCAL
-    if config.mode == "always":
+    if rules.mode == "always":
         return Route.DISAGGREGATED
-    if uncached_tokens < config.min_uncached_tokens:
+    if uncached_tokens < rules.min_uncached_tokens:
         return Route.LOCAL
-    if min(e.load() for e in prefill_engines) >= config.max_prefill_queue:
+    if min(e.load() for e in prefill_engines) >= rules.max_prefill_queue:
         return Route.LOCAL
     return Route.DISAGGREGATED
+
+
+@dataclass(frozen=True, slots=True)
+class RouteInputs:
+    """What `plan_route` reads: the request's features and the pool as the proxy saw it."""
+
+    prompt_tokens: int
+    total_blocks: int
+    n: int
+    decoders: Sequence[Engine]  # healthy decode (and colocated) engines
+    prefillers: Sequence[Engine]  # healthy prefill-only engines
+    any_prefill_configured: bool  # a prefill-only engine exists, healthy or not
+    hits: Mapping[str, int]  # engine id -> prompt blocks cached there
+    cached_blocks: Mapping[str, int]  # engine id -> blocks the index holds for it
+    session_engine: str | None = None  # the decode engine this session used last
+
+
+@dataclass(frozen=True, slots=True)
+class RoutePlan:
+    decode_ranking: list[Choice]  # best first; affinity applied; never empty
+    route: Route
+    reason: Reason
+    prefill_ranking: list[Choice]  # best first; empty unless disaggregated
+
+    @property
+    def decode(self) -> Choice:
+        return self.decode_ranking[0]
+
+
+def with_affinity(ranked: list[Choice], engine_id: str | None) -> list[Choice]:
+    """The session's engine first when it is still a candidate; otherwise the ranking unchanged."""
+    if engine_id is None:
+        return ranked
+    for i, choice in enumerate(ranked):
+        if choice.engine.id == engine_id:
+            return [choice, *ranked[:i], *ranked[i + 1 :]]
+    return ranked  # gone, unhealthy or over the load bound: pick afresh
+
+
+def rank(engines: Sequence[Engine], inputs: RouteInputs, config: RouterConfig) -> list[Choice]:
+    """`score_engines` over `engines` with the request's hits (spread only between several)."""
+    sizes = inputs.cached_blocks if len(engines) > 1 else None
+    return score_engines(engines, inputs.hits, inputs.total_blocks, config.scoring, sizes)
+
+
+def plan_route(inputs: RouteInputs, config: RouterConfig) -> RoutePlan | None:
+    """The plan for one request, or None when no decode engine is healthy.
+
+    decode ranking = score_engines(decoders), the session's engine moved first;
+    route = decide_route(prompt_tokens - hit_blocks(best) * block_size, ...);
+    reason = the route, or `fallback` when it is local only because every prefill engine is down;
+    prefill ranking = score_engines(prefillers) when disaggregated.
+    """
+    if not inputs.decoders:
+        return None
+    ranked = with_affinity(rank(inputs.decoders, inputs, config), inputs.session_engine)
+    best = ranked[0]
+    uncached = max(inputs.prompt_tokens - best.hit_blocks * config.block_size, 0)
+    route = decide_route(uncached, inputs.prefillers, best.engine, config.disaggregation, inputs.n)
+    if route is Route.DISAGGREGATED:
+        return RoutePlan(
+            ranked, route, Reason.DISAGGREGATED, rank(inputs.prefillers, inputs, config)
+        )
+    prefill_down = (
+        not inputs.prefillers
+        and inputs.any_prefill_configured
+        and config.disaggregation.mode != "never"
+    )
+    return RoutePlan(ranked, route, Reason.FALLBACK if prefill_down else Reason.LOCAL, [])

@@ -16,6 +16,8 @@ class Engine:
     roles: frozenset[str]
     kv_events: str | None = None
     kv_events_replay: str | None = None
+    # The NIXL side-channel port its KV handoffs must name (VLLM_NIXL_SIDE_CHANNEL_PORT).
+    side_channel_port: int = 5600
     healthy: bool = True
     # Requests the router has open on this engine right now.
     in_flight: int = 0
@@ -76,6 +78,7 @@ class EnginePool:
             current.kv_events = engine.kv_events
             current.kv_events_replay = engine.kv_events_replay
             self.generation += 1
+        current.side_channel_port = engine.side_channel_port
         return current
 
     def remove(self, url: str) -> Engine | None:

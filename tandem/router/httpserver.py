@@ -1,5 +1,6 @@
 """A small HTTP/1.1 server on asyncio protocols and httptools: keep-alive, chunked streaming,
-body-size limit, and cancellation of the handler when the client goes away.
+limits on connections, heads, bodies and slow clients, and cancellation of the handler when the
+client goes away.
 
 Measured on the target machine against aiohttp's server+client as a proxy (uvloop both): aiohttp
 added ~650 us p50 per proxied request, this server with `upstream.py` ~100-170 us (see
@@ -18,24 +19,22 @@ from typing import cast
 
 import httptools
 
+from tandem.router.config import HttpLimits
+from tandem.router.errors import error_body
+
 log = logging.getLogger("tandem.router.http")
 
 _REASONS = {s.value: s.phrase for s in HTTPStatus}
+LINGER_S = 2.0
 
 
 class Request:
-    __slots__ = ("body", "headers", "method", "path", "query", "too_large")
+    __slots__ = ("body", "headers", "method", "path", "peer", "query")
 
     def __init__(
-        self,
-        method: str,
-        path: str,
-        query: str,
-        headers: dict[str, str],
-        body: bytes,
-        too_large: bool = False,
+        self, method: str, path: str, query: str, headers: dict[str, str], body: bytes, peer: str
     ):
-        self.too_large = too_large  # the body went over the limit and was dropped
+        self.peer = peer  # the client's IP address
         self.method = method
         self.path = path
         self.query = query
@@ -119,23 +118,47 @@ class Responder:
 Handler = Callable[[Request, Responder], Awaitable[None]]
 
 
-class HttpConnection(asyncio.Protocol):
-    """One client connection; requests on it are handled one after another."""
+class _Reject(Exception):
+    """Raised inside a parser callback: answer `status` and close the connection."""
 
-    def __init__(self, handler: Handler, max_body_bytes: int, connections: set[HttpConnection]):
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class HttpConnection(asyncio.Protocol):
+    """One client connection; requests on it are handled one after another.
+
+    One timer guards each phase a client controls: the idle wait for a request, the request head
+    (`header_timeout_s` from its first byte), the body (`body_timeout_s` from the end of the head).
+    While a request is being served the connection stops reading as soon as a pipelined request
+    begins, so further requests wait in the kernel's buffers instead of the router's memory.
+    """
+
+    def __init__(
+        self, handler: Handler, limits: HttpLimits, max_body_bytes: int, server: HttpServer
+    ):
         self.handler = handler
+        self.limits = limits
         self.max_body_bytes = max_body_bytes
-        self.connections = connections
+        self.server = server
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpRequestParser(self)
         self.closed = False
+        self.peer = ""
+        self._loop = asyncio.get_running_loop()
+        self._timer: asyncio.TimerHandle | None = None
         self._url = b""
         self._headers: dict[str, str] = {}
+        self._header_count = 0
+        self._header_bytes = 0
         self._body: list[bytes] = []
         self._body_len = 0
-        self._too_large = False
         self._pending: deque[tuple[Request, bool]] = deque()
         self._task: asyncio.Task[None] | None = None
+        self._reading_paused = False
+        self._lingering = False
         self._paused = False
         self._drain_waiter: asyncio.Future[None] | None = None
 
@@ -144,13 +167,28 @@ class HttpConnection(asyncio.Protocol):
         self.transport = cast(
             asyncio.Transport, transport
         )  # uvloop's transports are not subclasses
-        self.connections.add(self)
+        peer = transport.get_extra_info("peername")
+        self.peer = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+        if len(self.server.connections) >= self.limits.max_connections:
+            self.server.count("connections_refused")
+            self._fail(503, "too many connections")
+            return
+        self.server.connections.add(self)
+        self._arm(self.limits.idle_timeout_s, "idle")
 
     def data_received(self, data: bytes) -> None:
+        if self._lingering:
+            return  # an error was answered: what the client still sends is dropped unread
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             self._fail(400, "upgrade is not supported")
+        except httptools.HttpParserCallbackError as exc:
+            reject = exc.__context__
+            if isinstance(reject, _Reject):
+                self._fail(reject.status, reject.message)
+            else:
+                self._fail(400, "malformed HTTP request")
         except httptools.HttpParserError:
             self._fail(400, "malformed HTTP request")
 
@@ -159,7 +197,9 @@ class HttpConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        self.connections.discard(self)
+        self._disarm()
+        self.server.connections.discard(self)
+        self._pending.clear()
         if self._task is not None and not self._task.done():
             self._task.cancel()  # propagates to upstream requests: they close their sockets
         if self._drain_waiter is not None and not self._drain_waiter.done():
@@ -173,41 +213,78 @@ class HttpConnection(asyncio.Protocol):
         if self._drain_waiter is not None and not self._drain_waiter.done():
             self._drain_waiter.set_result(None)
 
+    # timers
+    def _arm(self, seconds: float, phase: str) -> None:
+        self._disarm()
+        self._timer = self._loop.call_later(seconds, self._expired, phase)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _expired(self, phase: str) -> None:
+        self._timer = None
+        if self.closed:
+            return
+        self.server.count(f"{phase}_timeouts")
+        if phase != "idle":
+            # A slow client has little unread input: answer and close at once, no lingering
+            # (cheap when hundreds of slowloris connections time out together).
+            with contextlib.suppress(ClientGone):
+                message = f"request {phase} not received in time"
+                Responder(self, keep_alive=False).send(408, error_body(408, message))
+        if self.transport is not None:
+            self.transport.close()
+
     # httptools callbacks
     def on_message_begin(self) -> None:
         self._url = b""
         self._headers = {}
+        self._header_count = 0
+        self._header_bytes = 0
         self._body = []
         self._body_len = 0
-        self._too_large = False
+        if self._busy():
+            self._pause_reading()  # a pipelined request: let it wait in the kernel
+        else:
+            self._arm(self.limits.header_timeout_s, "header")
 
     def on_url(self, url: bytes) -> None:
         self._url += url
+        self._count_header_bytes(len(url))
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        self._header_count += 1
+        if self._header_count > self.limits.max_header_count:
+            self.server.count("headers_too_many")
+            raise _Reject(431, f"more than {self.limits.max_header_count} headers")
+        self._count_header_bytes(len(name) + len(value))
         key = name.decode("latin-1").lower()
         text = value.decode("latin-1")
         self._headers[key] = f"{self._headers[key]}, {text}" if key in self._headers else text
 
+    def _count_header_bytes(self, size: int) -> None:
+        self._header_bytes += size
+        if self._header_bytes > self.limits.max_header_bytes:
+            self.server.count("headers_too_large")
+            raise _Reject(431, f"request head exceeds {self.limits.max_header_bytes} bytes")
+
     def on_headers_complete(self) -> None:
         length = self._headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
-            self._too_large = True
-        elif (
-            self._headers.get("expect", "").lower() == "100-continue" and self.transport is not None
-        ):
-            self.transport.write(
-                b"HTTP/1.1 100 Continue\r\n\r\n"
-            )  # curl waits 1 s for this otherwise
+            self.server.count("bodies_too_large")
+            raise _Reject(413, f"request body exceeds {self.max_body_bytes} bytes")
+        if not self._busy():
+            self._arm(self.limits.body_timeout_s, "body")
+        if self._headers.get("expect", "").lower() == "100-continue" and self.transport is not None:
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # curl waits 1 s otherwise
 
     def on_body(self, body: bytes) -> None:
-        if self._too_large:
-            return
         self._body_len += len(body)
         if self._body_len > self.max_body_bytes:
-            self._too_large = True
-            self._body = []
-            return
+            self.server.count("bodies_too_large")
+            raise _Reject(413, f"request body exceeds {self.max_body_bytes} bytes")
         self._body.append(body)
 
     def on_message_complete(self) -> None:
@@ -215,15 +292,29 @@ class HttpConnection(asyncio.Protocol):
         path, _, query = url.partition("?")
         method = self.parser.get_method().decode("latin-1")
         keep_alive = self.parser.should_keep_alive()
-        if self._too_large:
-            request = Request(method, path, query, self._headers, b"", too_large=True)
-        else:
-            request = Request(method, path, query, self._headers, b"".join(self._body))
-        self._pending.append((request, keep_alive))
-        if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._serve())
+        body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
+        self._body = []
+        self._pending.append(
+            (Request(method, path, query, self._headers, body, self.peer), keep_alive)
+        )
+        if not self._busy():
+            self._disarm()  # the handler's own timeouts take over
+            self._task = self._loop.create_task(self._serve())
 
     # internals
+    def _busy(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    def _pause_reading(self) -> None:
+        if not self._reading_paused and self.transport is not None:
+            self._reading_paused = True
+            self.transport.pause_reading()
+
+    def _resume_reading(self) -> None:
+        if self._reading_paused and self.transport is not None and not self.closed:
+            self._reading_paused = False
+            self.transport.resume_reading()
+
     def write(self, data: bytes) -> None:
         if self.closed or self.transport is None:
             raise ClientGone()
@@ -233,18 +324,24 @@ class HttpConnection(asyncio.Protocol):
         if self.closed:
             raise ClientGone()
         if self._paused:
-            self._drain_waiter = asyncio.get_running_loop().create_future()
+            self._drain_waiter = self._loop.create_future()
             await self._drain_waiter
 
     def _fail(self, status: int, message: str) -> None:
-        body = b'{"error":{"message":"%s","type":"BadRequestError","param":null,"code":%d}}' % (
-            message.encode(),
-            status,
-        )
+        """Answers an error and closes, lingering: closing with unread input would reset the
+        connection and could destroy the answer before the client reads it (nginx's
+        lingering_close), so input is read and dropped for up to LINGER_S after a half-close."""
         with contextlib.suppress(ClientGone):
-            Responder(self, keep_alive=False).send(status, body)
-        if self.transport is not None:
-            self.transport.close()
+            Responder(self, keep_alive=False).send(status, error_body(status, message))
+        self._disarm()
+        transport = self.transport
+        if transport is None or self.closed:
+            return
+        self._lingering = True
+        self._resume_reading()
+        if transport.can_write_eof():
+            transport.write_eof()
+        self._timer = self._loop.call_later(LINGER_S, transport.close)
 
     async def _serve(self) -> None:
         while self._pending and not self.closed:
@@ -260,30 +357,36 @@ class HttpConnection(asyncio.Protocol):
                 log.exception("unhandled error serving %s %s", request.method, request.path)
                 if not responder.started:
                     with contextlib.suppress(ClientGone):
-                        responder.send(
-                            500,
-                            b'{"error":{"message":"Internal server error",'
-                            b'"type":"InternalServerError","param":null,"code":500}}',
-                        )
+                        responder.send(500, error_body(500, "Internal server error"))
                 else:
                     keep_alive = False
             if not keep_alive or not responder.keep_alive:
                 if self.transport is not None:
                     self.transport.close()
-                break
+                return
+        if not self.closed:
+            self._arm(self.limits.idle_timeout_s, "idle")
+            self._resume_reading()
 
 
 class HttpServer:
-    def __init__(self, handler: Handler, max_body_bytes: int):
+    """Accepts connections for one handler; `counts` tallies what the limits turned away."""
+
+    def __init__(self, handler: Handler, max_body_bytes: int, limits: HttpLimits | None = None):
         self.handler = handler
         self.max_body_bytes = max_body_bytes
+        self.limits = limits or HttpLimits()
         self.connections: set[HttpConnection] = set()
+        self.counts: dict[str, int] = {}
         self._server: asyncio.base_events.Server | None = None
+
+    def count(self, event: str) -> None:
+        self.counts[event] = self.counts.get(event, 0) + 1
 
     async def start(self, host: str, port: int) -> int:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: HttpConnection(self.handler, self.max_body_bytes, self.connections),
+            lambda: HttpConnection(self.handler, self.limits, self.max_body_bytes, self),
             host,
             port,
             reuse_address=True,

@@ -22,6 +22,7 @@ import zmq.asyncio
 from tandem.router.blocks import block_keys, salted_parent
 from tandem.router.hashing import BlockHasher
 from tandem.router.index import PrefixIndex
+from tandem.router.metrics import RouterMetrics
 
 log = logging.getLogger("tandem.router.kv_events")
 _END_SEQ = (-1).to_bytes(8, "big", signed=True)
@@ -136,7 +137,13 @@ def decode_payload(payload: bytes) -> list[Any]:
 
 
 class KvEventSubscriber:
-    """Keeps one engine's slice of the index in sync with its KV events until stopped."""
+    """Keeps one engine's slice of the index in sync with its KV events until stopped.
+
+    Nothing an engine sends ends it: an undecodable or inapplicable batch is logged, counted
+    (`tandem_router_kv_event_errors_total{kind="batch"}`) and skipped; a failing subscription is
+    counted (`kind="subscription"`), and the subscriber connects again after a backoff and asks
+    for a replay from the first sequence number it has not applied.
+    """
 
     def __init__(
         self,
@@ -144,15 +151,23 @@ class KvEventSubscriber:
         endpoint: str,
         replay_endpoint: str | None,
         context: zmq.asyncio.Context,
+        metrics: RouterMetrics | None = None,
         replay_timeout_s: float = 2.0,
+        replay_max_s: float = 10.0,
+        max_backoff_s: float = 10.0,
     ):
         self.map = block_map
         self.endpoint = endpoint
         self.replay_endpoint = replay_endpoint
         self.context = context
+        self.metrics = metrics
         self.replay_timeout_s = replay_timeout_s
+        self.replay_max_s = replay_max_s
+        self.max_backoff_s = max_backoff_s
         self.last_seq: int | None = None
         self.replays = 0
+        self.resubscribes = 0
+        self.bad_batches = 0
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -164,44 +179,67 @@ class KvEventSubscriber:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
 
+    def _count(self, kind: str) -> None:
+        if self.metrics is not None:
+            self.metrics.child(self.metrics.kv_event_errors, self.map.engine, kind).inc()
+
     def _accept(self, seq: int, payload: bytes) -> None:
-        self.map.apply(decode_payload(payload))
+        """Applies one batch; a batch that cannot be applied is skipped (and counted)."""
+        try:
+            self.map.apply(decode_payload(payload))
+        except Exception as exc:  # anything an engine sends must not end the subscription
+            self.bad_batches += 1
+            self._count("batch")
+            log.warning("KV-event batch seq %d from %s skipped: %r", seq, self.endpoint, exc)
         self.last_seq = seq
 
     async def _run(self) -> None:
+        backoff = 0.25
+        while True:
+            try:
+                await self._subscribe()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.resubscribes += 1
+                self._count("subscription")
+                log.warning("KV events from %s failed (%r); subscribing again", self.endpoint, exc)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, self.max_backoff_s)
+
+    async def _subscribe(self) -> None:
         sub = self.context.socket(zmq.SUB)
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.RCVHWM, 100000)
         sub.connect(self.endpoint)
         try:
-            await self._replay(0)
+            await self._replay(0 if self.last_seq is None else self.last_seq + 1)
             while True:
                 frames = await sub.recv_multipart()
-                if len(frames) < 3:
+                if len(frames) < 3 or len(frames[-2]) != 8:
+                    self._count("batch")
                     continue
-                seq = int.from_bytes(frames[-2], "big", signed=True)
-                last = self.last_seq
-                if last is not None and seq <= last:
-                    if seq < last - 1 and seq == 0:  # the engine restarted: start over
-                        self.map.clear()
-                        self.last_seq = None
-                    else:
-                        continue
-                elif last is not None and seq > last + 1:
-                    await self._replay(last + 1)
-                    if self.last_seq is not None and seq <= self.last_seq:
-                        continue
-                try:
-                    self._accept(seq, frames[-1])
-                except (msgspec.DecodeError, ValueError, TypeError, KeyError):
-                    log.warning("undecodable KV-event batch seq %d from %s", seq, self.endpoint)
-        except asyncio.CancelledError:
-            raise
+                await self._on_batch(int.from_bytes(frames[-2], "big", signed=True), frames[-1])
         finally:
             sub.close(0)
 
+    async def _on_batch(self, seq: int, payload: bytes) -> None:
+        last = self.last_seq
+        if last is not None and seq <= last:
+            if seq == 0 and last > 1:  # the engine restarted: start over
+                self.map.clear()
+                self.last_seq = None
+            else:
+                return
+        elif last is not None and seq > last + 1:
+            await self._replay(last + 1)
+            if self.last_seq is not None and seq <= self.last_seq:
+                return
+        self._accept(seq, payload)
+
     async def _replay(self, start: int) -> None:
+        """Applies the engine's buffered batches from `start`, for at most `replay_max_s`."""
         if not self.replay_endpoint:
             return
         self.replays += 1
@@ -209,14 +247,18 @@ class KvEventSubscriber:
         dealer.setsockopt(zmq.LINGER, 0)
         dealer.connect(self.replay_endpoint)
         try:
-            await dealer.send_multipart([b"", start.to_bytes(8, "big")])
-            while True:
-                frames = await asyncio.wait_for(dealer.recv_multipart(), self.replay_timeout_s)
-                if len(frames) < 4 or frames[2] == _END_SEQ:
-                    return
-                seq = int.from_bytes(frames[2], "big", signed=True)
-                if self.last_seq is None or seq > self.last_seq:
-                    self._accept(seq, frames[3])
+            async with asyncio.timeout(self.replay_max_s):
+                await dealer.send_multipart([b"", start.to_bytes(8, "big")])
+                while True:
+                    frames = await asyncio.wait_for(dealer.recv_multipart(), self.replay_timeout_s)
+                    if len(frames) < 4 or frames[2] == _END_SEQ:
+                        return
+                    if len(frames[2]) != 8:
+                        self._count("batch")
+                        continue
+                    seq = int.from_bytes(frames[2], "big", signed=True)
+                    if self.last_seq is None or seq > self.last_seq:
+                        self._accept(seq, frames[3])
         except TimeoutError:
             log.info("KV-event replay from %s timed out", self.replay_endpoint)
         finally:

@@ -20,6 +20,11 @@ KV events:       --kv-events ENGINE_URL=PUB_ENDPOINT[,REPLAY_ENDPOINT], e.g.
                  --kv-events http://127.0.0.1:8101=tcp://127.0.0.1:5557,tcp://127.0.0.1:5558
                  (exact prefix index; needs --tokenizer). Without it the router uses the
                  approximate index built from its own routing history.
+KV handoff:      --side-channel ENGINE_URL=PORT: a prefill engine's VLLM_NIXL_SIDE_CHANNEL_PORT
+                 (default 5600); its answers must name its own host and this port.
+trust:           --admin-key KEY makes a client trusted (priority and x-tandem-debug headers
+                 honoured, /metrics and /engines served); --trust-all-clients trusts everyone;
+                 --admin-port PORT serves /metrics and /engines there only.
 """
 
 
@@ -47,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--no-kv-events", action="store_true", help="ignore KV events; approximate index only"
     )
+    p.add_argument("--side-channel", action="append", default=[], metavar="URL=PORT")
     p.add_argument("--block-size", type=int)
     p.add_argument("--hash-algo", choices=["sha256", "sha256_cbor"])
     p.add_argument("--hash-seed", help="the engines' PYTHONHASHSEED")
@@ -94,6 +100,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--engine-key-file", help="key sent to every engine as Authorization: Bearer (--api-key)"
     )
     p.add_argument(
+        "--admin-key", action="append", default=[], help="a trusted client's key (repeatable)"
+    )
+    p.add_argument("--admin-port", type=int)
+    p.add_argument("--trust-all-clients", action="store_true")
+    p.add_argument("--max-connections", type=int)
+    p.add_argument("--header-timeout", type=float, help="seconds to receive a request head")
+    p.add_argument("--body-timeout", type=float, help="seconds to receive a request body")
+    p.add_argument("--idle-timeout", type=float, help="seconds a keep-alive connection may idle")
+    p.add_argument(
         "--decode-idle-seconds", type=float, help="longest silence inside a decode stream"
     )
     p.add_argument("--prefill-seconds", type=float, help="limit of one prefill request")
@@ -115,16 +130,32 @@ def _kv_events(values: list[str]) -> dict[str, tuple[str, str | None]]:
     return out
 
 
+def _side_channels(values: list[str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for value in values:
+        url, sep, port = value.rpartition("=")
+        if not sep or not port.isdigit():
+            raise SystemExit(f"--side-channel wants ENGINE_URL=PORT, got {value!r}")
+        out[url.rstrip("/")] = int(port)
+    return out
+
+
 def config_from_args(args: argparse.Namespace) -> RouterConfig:
     data: dict[str, object] = {}
     if args.config:
         data = RouterConfig.from_yaml_file(args.config).model_dump(by_alias=True, exclude_none=True)
     if args.prefill or args.decode or args.worker:
         events = _kv_events(args.kv_events)
+        side_channels = _side_channels(args.side_channel)
 
         def endpoint(url: str) -> StaticEndpoint:
             pub, replay = events.get(url.rstrip("/"), (None, None))
-            return StaticEndpoint(url=url.rstrip("/"), kv_events=pub, kv_events_replay=replay)
+            return StaticEndpoint(
+                url=url.rstrip("/"),
+                kv_events=pub,
+                kv_events_replay=replay,
+                side_channel_port=side_channels.get(url.rstrip("/")),
+            )
 
         data["static"] = StaticDiscovery(
             prefill=[endpoint(u) for u in args.prefill],
@@ -174,6 +205,13 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         ("timeouts", "decodeIdleSeconds", args.decode_idle_seconds),
         ("timeouts", "prefillSeconds", args.prefill_seconds),
         ("timeouts", "requestSeconds", args.request_seconds),
+        ("http", "maxConnections", args.max_connections),
+        ("http", "headerTimeoutSeconds", args.header_timeout),
+        ("http", "bodyTimeoutSeconds", args.body_timeout),
+        ("http", "idleTimeoutSeconds", args.idle_timeout),
+        ("trust", "adminPort", args.admin_port),
+        ("trust", "adminKeys", args.admin_key or None),
+        ("trust", "trustAllClients", args.trust_all_clients or None),
     ):
         if value is not None:
             section_data = data.setdefault(section, {})

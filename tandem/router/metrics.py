@@ -15,7 +15,6 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
-    GaugeMetricFamily,
     HistogramMetricFamily,
     Metric,
 )
@@ -130,9 +129,7 @@ class Counter(_Family):
 
 
 class _Collector(Collector):
-    def __init__(
-        self, families: list[_Family], gauges: list[Callable[[], Iterable[GaugeMetricFamily]]]
-    ):
+    def __init__(self, families: list[_Family], gauges: list[Callable[[], Iterable[Metric]]]):
         self.families = families
         self.gauges = gauges
 
@@ -229,8 +226,19 @@ class RouterMetrics:
             "tandem_router_stripped_kv_transfer_params_total",
             "Client requests that carried kv_transfer_params (removed).",
         )
+        self.handoff_rejected = Counter(
+            "tandem_router_kv_handoff_rejected_total",
+            "Prefill answers whose kv_transfer_params did not name the answering engine (502).",
+            ["endpoint"],
+        )
+        self.kv_event_errors = Counter(
+            "tandem_router_kv_event_errors_total",
+            "KV-event batches or subscriptions that failed (the subscriber logs and resubscribes).",
+            ["endpoint", "kind"],
+        )
         families = [v for v in vars(self).values() if isinstance(v, _Family)]
-        self._gauges: list[Callable[[], Iterable[GaugeMetricFamily]]] = []
+        self._families = families
+        self._gauges: list[Callable[[], Iterable[Metric]]] = []
         self.registry = CollectorRegistry()
         self.registry.register(_Collector(families, self._gauges))
 
@@ -238,7 +246,16 @@ class RouterMetrics:
         """`metric.labels(*labels)` (kept as one call site for the hot path)."""
         return metric.labels(*labels)
 
-    def add_gauges(self, read: Callable[[], Iterable[GaugeMetricFamily]]) -> None:
+    def forget_endpoint(self, endpoint: str) -> None:
+        """Drops every series labelled with `endpoint` (the engine left the pool)."""
+        for family in self._families:
+            if "endpoint" not in family.labelnames:
+                continue
+            at = family.labelnames.index("endpoint")
+            for values in [v for v in family.children if v[at] == endpoint]:
+                del family.children[values]
+
+    def add_gauges(self, read: Callable[[], Iterable[Metric]]) -> None:
         self._gauges.append(read)
 
     def render(self) -> bytes:

@@ -1,4 +1,9 @@
-"""The running router: HTTP endpoints, discovery, engine monitor and KV-event subscribers wired together."""
+"""The running router: HTTP endpoints, discovery, engine monitor and KV-event subscribers wired together.
+
+Endpoints: /v1/completions and /v1/chat/completions (`CompletionProxy`), /v1/models, /version;
+/livez (the process serves: liveness) and /health (a decode engine is healthy: readiness);
+/metrics and /engines on the admin port, or on the main port to trusted or loopback clients.
+"""
 
 from __future__ import annotations
 
@@ -9,44 +14,56 @@ from collections.abc import Iterable
 
 import msgspec
 import zmq.asyncio
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from tandem.router.config import RouterConfig
 from tandem.router.discovery.kubernetes import PodWatcher
 from tandem.router.discovery.static import static_engines
-from tandem.router.engines import Engine, EnginePool
+from tandem.router.engines import Engine
 from tandem.router.errors import error_body
 from tandem.router.hashing import BlockHasher
 from tandem.router.httpserver import HttpServer, Request, Responder
 from tandem.router.kv_events import EngineBlockMap, KvEventSubscriber
-from tandem.router.metrics import RouterMetrics
 from tandem.router.monitor import EngineMonitor
-from tandem.router.proxy import Router
+from tandem.router.proxy import CompletionProxy
+from tandem.router.state import RouterState
+from tandem.router.trust import ClientTrust
 
 log = logging.getLogger("tandem.router")
 _encode_json = msgspec.json.Encoder().encode
+_ADMIN_PATHS = frozenset(("/metrics", "/engines"))
 
 
 class RouterService:
+    """One router process: its state, its HTTP servers, discovery and the per-engine tasks."""
+
     def __init__(self, config: RouterConfig):
         self.config = config
-        self.pool = EnginePool()
-        self.metrics = RouterMetrics()
-        self.router = Router(config, self.pool, self.metrics)
+        self.state = RouterState(config)
+        self.pool = self.state.pool
+        self.metrics = self.state.metrics
+        self.trust = ClientTrust(config)
+        self.proxy = CompletionProxy(config, self.state, self.trust)
         self.monitor = EngineMonitor(
             self.pool,
             config.metrics_scrape_interval_s,
             config.health_check_interval_s,
             timeout_s=config.timeouts.connect_s,
-            auth=self.router.upstreams.auth,
+            auth=self.state.upstreams.auth,
         )
-        self.server = HttpServer(self.handle, config.admission.max_body_bytes)
+        self.server = HttpServer(self.handle, config.admission.max_body_bytes, config.http)
+        self.admin_server = (
+            HttpServer(self.handle_admin, 1024, config.http)
+            if config.trust.admin_port is not None
+            else None
+        )
         self.subscribers: dict[str, KvEventSubscriber] = {}
         self._zmq: zmq.asyncio.Context | None = None
         self._pods: dict[str, str] = {}  # pod name -> engine url
         self._watcher: PodWatcher | None = None
         self._created = int(time.time())
         self.port = 0
+        self.admin_port: int | None = None
         self.metrics.add_gauges(self._gauges)
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -62,12 +79,17 @@ class RouterService:
             self._watcher.start()
         self.monitor.start()
         self.port = await self.server.start(self.config.host, self.config.port)
+        if self.admin_server is not None and self.config.trust.admin_port is not None:
+            self.admin_port = await self.admin_server.start(
+                self.config.host, self.config.trust.admin_port
+            )
         log.info(
-            "router listening on %s:%d (%d engines, %s index)",
+            "router listening on %s:%d%s (%d engines, %s index)",
             self.config.host,
             self.port,
+            f", admin on {self.admin_port}" if self.admin_port is not None else "",
             len(self.pool.engines),
-            "exact" if self.router.use_exact else "approximate",
+            "exact" if self.state.use_exact else "approximate",
         )
         return self.port
 
@@ -75,11 +97,13 @@ class RouterService:
         if self._watcher is not None:
             self._watcher.stop()
         await self.server.close()
+        if self.admin_server is not None:
+            await self.admin_server.close()
         await self.monitor.stop()
         for subscriber in list(self.subscribers.values()):
             await subscriber.stop()
         self.subscribers.clear()
-        self.router.upstreams.close()
+        self.state.upstreams.close()
         if self._zmq is not None:
             self._zmq.term()
 
@@ -87,17 +111,17 @@ class RouterService:
 
     def add_engine(self, engine: Engine) -> None:
         engine = self.pool.upsert(engine)
-        if self.router.use_exact and engine.kv_events and engine.id not in self.subscribers:
+        if self.state.use_exact and engine.kv_events and engine.id not in self.subscribers:
             if self._zmq is None:
                 self._zmq = zmq.asyncio.Context()
             hasher = BlockHasher(
                 self.config.hash_algo, self.config.block_size, self.config.hash_seed
             )
             block_map = EngineBlockMap(
-                engine.id, self.router.exact_index, self.config.block_size, hasher
+                engine.id, self.state.exact_index, self.config.block_size, hasher
             )
             subscriber = KvEventSubscriber(
-                block_map, engine.kv_events, engine.kv_events_replay, self._zmq
+                block_map, engine.kv_events, engine.kv_events_replay, self._zmq, self.metrics
             )
             self.subscribers[engine.id] = subscriber
             subscriber.start()
@@ -108,10 +132,7 @@ class RouterService:
         subscriber = self.subscribers.pop(url, None)
         if subscriber is not None:
             asyncio.get_running_loop().create_task(subscriber.stop())
-        self.router.exact_index.drop_engine(url)
-        self.router.approx_index.drop_engine(url)
-        self.router.sessions.forget_engine(url)
-        self.router.upstreams.drop(url)
+        self.state.forget_engine(url)
         log.info("engine %s removed", url)
 
     def _on_pod(self, name: str, engine: Engine | None) -> None:
@@ -137,51 +158,70 @@ class RouterService:
     # -- HTTP --------------------------------------------------------------------------------
 
     async def handle(self, request: Request, responder: Responder) -> None:
+        """The main port: the OpenAI surface, probes, and (without an admin port) admin paths."""
         path = request.path
         if path in ("/v1/completions", "/v1/chat/completions"):
             if request.method != "POST":
                 responder.send(405, error_body(405, "Method Not Allowed"), [("allow", "POST")])
-            elif not self.router.authorized(request):
-                responder.send(
-                    401, error_body(401, "Unauthorized"), [("www-authenticate", "Bearer")]
-                )
+            elif not self.trust.authorized(request):
+                self._unauthorized(responder)
             else:
-                await self.router.generate(request, responder, chat=path == "/v1/chat/completions")
-            return
-        if path == "/v1/models":
-            if not self.router.authorized(request):
-                responder.send(
-                    401, error_body(401, "Unauthorized"), [("www-authenticate", "Bearer")]
-                )
-                return
-            model = {
-                "id": self.config.served_model_name,
-                "object": "model",
-                "created": self._created,
-                "owned_by": "tandem",
-                "root": self.config.served_model_name,
-                "parent": None,
-            }
-            responder.send(200, _encode_json({"object": "list", "data": [model]}))
+                await self.proxy.generate(request, responder, chat=path == "/v1/chat/completions")
+        elif path == "/v1/models":
+            if self.trust.authorized(request):
+                responder.send(200, self._models())
+            else:
+                self._unauthorized(responder)
+        elif path == "/livez":
+            responder.send(200, b"")
         elif path in ("/health", "/ping"):
             ok = bool(self.pool.candidates("decode"))
             responder.send(
                 200 if ok else 503, b"" if ok else error_body(503, "no healthy decode engine")
             )
-        elif path == "/metrics":
-            responder.send(
-                200, self.metrics.render(), content_type="text/plain; version=0.0.4; charset=utf-8"
-            )
         elif path == "/version":
             from tandem import __version__
 
             responder.send(200, _encode_json({"version": __version__}))
+        elif path in _ADMIN_PATHS and self.trust.admin_on_main_port(request):
+            self.handle_admin_path(path, responder)
+        else:
+            responder.send(404, b'{"detail":"Not Found"}')
+
+    async def handle_admin(self, request: Request, responder: Responder) -> None:
+        """The admin port: /metrics, /engines and the probes."""
+        if request.path in ("/livez", "/health"):
+            await self.handle(request, responder)
+        else:
+            self.handle_admin_path(request.path, responder)
+
+    def handle_admin_path(self, path: str, responder: Responder) -> None:
+        if path == "/metrics":
+            responder.send(
+                200, self.metrics.render(), content_type="text/plain; version=0.0.4; charset=utf-8"
+            )
         elif path == "/engines":
             responder.send(
                 200, _encode_json([self._describe(e) for e in self.pool.engines.values()])
             )
         else:
             responder.send(404, b'{"detail":"Not Found"}')
+
+    @staticmethod
+    def _unauthorized(responder: Responder) -> None:
+        responder.send(401, error_body(401, "Unauthorized"), [("www-authenticate", "Bearer")])
+
+    def _models(self) -> bytes:
+        name = self.config.served_model_name
+        model = {
+            "id": name,
+            "object": "model",
+            "created": self._created,
+            "owned_by": "tandem",
+            "root": name,
+            "parent": None,
+        }
+        return _encode_json({"object": "list", "data": [model]})
 
     def _describe(self, engine: Engine) -> dict[str, object]:
         subscriber = self.subscribers.get(engine.id)
@@ -194,13 +234,14 @@ class RouterService:
             "running": engine.running,
             "kv_usage": engine.kv_usage,
             "kv_events": engine.kv_events,
-            "indexed_blocks": self.router.exact_index.size(engine.id),
-            "history_blocks": self.router.approx_index.size(engine.id),
+            "indexed_blocks": self.state.exact_index.size(engine.id),
+            "history_blocks": self.state.approx_index.size(engine.id),
             "kv_events_last_seq": subscriber.last_seq if subscriber else None,
             "kv_events_replays": subscriber.replays if subscriber else None,
+            "kv_events_resubscribes": subscriber.resubscribes if subscriber else None,
         }
 
-    def _gauges(self) -> Iterable[GaugeMetricFamily]:
+    def _gauges(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
         in_flight = GaugeMetricFamily(
             "tandem_router_engine_in_flight",
             "Router requests open per engine.",
@@ -218,10 +259,28 @@ class RouterService:
         waiting = GaugeMetricFamily(
             "tandem_router_queue_waiting", "Requests waiting in the admission queue."
         )
-        waiting.add_metric([], self.router.admission.waiting)
+        waiting.add_metric([], self.state.admission.waiting)
         blocks = GaugeMetricFamily(
             "tandem_router_index_blocks", "Distinct blocks in the prefix index.", labels=["index"]
         )
-        blocks.add_metric(["exact"], len(self.router.exact_index))
-        blocks.add_metric(["approximate"], len(self.router.approx_index))
-        return [in_flight, healthy, waiting, blocks]
+        blocks.add_metric(["exact"], len(self.state.exact_index))
+        blocks.add_metric(["approximate"], len(self.state.approx_index))
+        sessions = GaugeMetricFamily(
+            "tandem_router_sessions",
+            "Sessions remembered for affinity, and their bytes.",
+            labels=["unit"],
+        )
+        sessions.add_metric(["sessions"], len(self.state.sessions))
+        sessions.add_metric(["bytes"], self.state.sessions.bytes)
+        connections = GaugeMetricFamily(
+            "tandem_router_client_connections", "Open client connections."
+        )
+        connections.add_metric([], len(self.server.connections))
+        refused = CounterMetricFamily(
+            "tandem_router_http_refused",
+            "Client connections or requests the HTTP limits turned away.",
+            labels=["reason"],
+        )
+        for reason, count in sorted(self.server.counts.items()):
+            refused.add_metric([reason], count)
+        return [in_flight, healthy, waiting, blocks, sessions, connections, refused]

@@ -20,10 +20,13 @@ import httptools
 class UpstreamError(Exception):
     """The engine could not be reached, or the connection broke before the response completed."""
 
-    def __init__(self, message: str, connect: bool = False):
+    def __init__(self, message: str, connect: bool = False, delivered: bool = False):
         super().__init__(message)
-        # True when no response head arrived: retrying on another engine is safe.
+        # True when no response head arrived: retrying an idempotent request elsewhere is safe.
         self.connect = connect
+        # True when the request had been written: the engine may have acted on it (a KV pull
+        # consumes the prefill engine's lease, so the same handoff cannot go to another engine).
+        self.delivered = delivered
 
 
 class UpstreamTimeout(UpstreamError):
@@ -294,7 +297,12 @@ class UpstreamPool:
                     conn = candidate
                     break
             if conn is None:
-                conn = await self._connect()
+                try:
+                    conn = await self._connect()
+                except UpstreamError as exc:
+                    # After a pooled connection broke, the engine may still have read the request.
+                    exc.delivered = attempt > 0
+                    raise
             response = Response(conn, idle_s)
             conn.response = response
             assert conn.transport is not None
@@ -306,15 +314,14 @@ class UpstreamPool:
                 response.release()
                 if conn.reused and attempt == 0 and not isinstance(exc, UpstreamTimeout):
                     continue  # a pooled connection the engine had closed: retry on a fresh one
-                raise (
-                    UpstreamError(str(exc), connect=True)
-                    if not isinstance(exc, UpstreamTimeout)
-                    else exc
-                ) from None
+                if isinstance(exc, UpstreamTimeout):
+                    exc.delivered = True
+                    raise
+                raise UpstreamError(str(exc), connect=True, delivered=True) from None
             except BaseException:
                 response.release()
                 raise
-        raise UpstreamError(f"cannot reach {self.base}", connect=True)
+        raise UpstreamError(f"cannot reach {self.base}", connect=True, delivered=True)
 
     def close(self) -> None:
         while self._idle:

@@ -96,6 +96,7 @@ def test_objects_of_the_pd_example(pd_cluster: ServingCluster) -> None:
     assert names == {
         ("ServiceAccount", "llama-8b-router"), ("Role", "llama-8b-router"), ("RoleBinding", "llama-8b-router"),
         ("ConfigMap", "llama-8b-router"), ("Service", "llama-8b-router"), ("Deployment", "llama-8b-router"),
+        ("Service", "llama-8b-router-admin"),
         ("PodDisruptionBudget", "llama-8b-router"),
         ("Service", "llama-8b-prefill"), ("Deployment", "llama-8b-prefill"), ("PodDisruptionBudget", "llama-8b-prefill"),
         ("Service", "llama-8b-decode"), ("Deployment", "llama-8b-decode"), ("PodDisruptionBudget", "llama-8b-decode"),
@@ -250,8 +251,11 @@ def test_monitors_shape(pd_cluster: ServingCluster) -> None:
     objects = render(pd_cluster)
     service_monitor = by_kind(objects, "ServiceMonitor", "llama-8b-router")
     assert service_monitor["spec"]["endpoints"] == [
-        {"port": "http", "path": "/metrics", "interval": "15s"}
-    ]
+        {"port": "admin", "path": "/metrics", "interval": "15s"}
+    ]  # the router serves /metrics on its admin port only
+    admin = by_kind(objects, "Service", "llama-8b-router-admin")
+    assert admin["spec"]["type"] == "ClusterIP"
+    assert admin["spec"]["ports"][0]["name"] == "admin"
     pod_monitor = by_kind(objects, "PodMonitor", "llama-8b-engines")
     assert pod_monitor["spec"]["selector"]["matchExpressions"][0]["values"] == ["prefill", "decode"]
     off = cluster(monitoring={"enabled": False})
@@ -265,6 +269,8 @@ def test_router_objects(pd_cluster: ServingCluster) -> None:
     (container,) = pod["containers"]
     assert container["command"] == ["tandem", "router"]
     assert container["args"] == ["--config", "/etc/tandem/router.yaml"]
+    assert container["livenessProbe"]["httpGet"]["path"] == "/livez"  # alive while engines load
+    assert container["readinessProbe"]["httpGet"]["path"] == "/health"
     assert container["image"].startswith("ghcr.io/tandem-serving/tandem:")
     assert pod["serviceAccountName"] == "llama-8b-router"
     config_map = by_kind(objects, "ConfigMap", "llama-8b-router")
@@ -272,7 +278,13 @@ def test_router_objects(pd_cluster: ServingCluster) -> None:
     assert config == router_config(pd_cluster, tokenizer=TOKENIZER_DIR)
     role = by_kind(objects, "Role", "llama-8b-router")
     assert role["rules"] == [
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+        # discovery checks each Pod's owner chain (ReplicaSet -> the pool's Deployment)
+        {
+            "apiGroups": ["apps"],
+            "resources": ["deployments", "replicasets"],
+            "verbs": ["get", "list"],
+        },
     ]
     binding = by_kind(objects, "RoleBinding", "llama-8b-router")
     assert binding["subjects"][0]["name"] == "llama-8b-router"

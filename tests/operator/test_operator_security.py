@@ -45,7 +45,7 @@ def _pod(name: str, cluster_name: str | None, role: str | None, ns: str = "servi
         labels["tandem.dev/cluster"] = cluster_name
     if role:
         labels["tandem.dev/role"] = role
-    ports = {"http": 8000} if role == "router" else ENGINE_PORTS if role else {}
+    ports = {"http": 8000, "admin": 9901} if role == "router" else ENGINE_PORTS if role else {}
     return Endpoint(name, ns, labels, ports)
 
 
@@ -64,7 +64,7 @@ TANDEM_PODS = {"router", "prefill", "decode"}  # the ServingCluster "llama" unde
 PROBES = [
     ("8000", 8000, "TCP"), ("5557", 5557, "TCP"), ("5558", 5558, "TCP"),
     ("5600", NIXL_SIDE_CHANNEL_PORT, "TCP"), ("5601-5699", 5650, "TCP"),
-    ("53/udp", 53, "UDP"), ("443", 443, "TCP"), ("6443", 6443, "TCP"),
+    ("53/udp", 53, "UDP"), ("443", 443, "TCP"), ("6443", 6443, "TCP"), ("9901", 9901, "TCP"),
 ]  # fmt: skip
 
 
@@ -112,7 +112,8 @@ def test_default_policies_allow_exactly_the_traffic_tandem_has() -> None:
     assert cells[("decode", "prefill")] == ["5600", "5601-5699"]
     assert cells[("client", "router")] == ["8000"]
     assert cells[("unlabelled", "router")] == ["8000"]
-    assert cells[("prometheus", "router")] == ["8000"]
+    # http like any client, and the admin port, where /metrics lives
+    assert cells[("prometheus", "router")] == ["8000", "9901"]
     assert cells[("prometheus", "prefill")] == ["8000"]
     assert cells[("prometheus", "decode")] == ["8000"]
     for pod in ("router", "prefill", "decode"):
@@ -135,7 +136,7 @@ def test_router_clients_restricted_by_allow_from() -> None:
     apps = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "apps"}}}
     cells = matrix(_llama(networkPolicy={"allowFrom": [apps]}))
     assert cells[("client", "router")] == ["8000"]
-    assert cells[("prometheus", "router")] == ["8000"]
+    assert cells[("prometheus", "router")] == ["9901"]
     assert ("unlabelled", "router") not in cells
     assert ("outside", "router") not in cells
     assert ("client", "decode") not in cells  # allowFrom never reaches engines

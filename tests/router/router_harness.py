@@ -50,6 +50,13 @@ def kv_transfer_config(role: str) -> str:
     )
 
 
+# Engine URL -> its NIXL side-channel port: routers started here are told each one's, as the
+# operator's discovery config tells a real router.
+SIDE_CHANNELS: dict[str, int] = {}
+# Test clients are trusted (priority honoured) and ask for the engines' addresses.
+DEBUG = {"x-tandem-debug": "1"}
+
+
 class Engine(Proc):
     def __init__(
         self,
@@ -78,9 +85,11 @@ class Engine(Proc):
                 "--kv-transfer-config",
                 kv_transfer_config("kv_producer" if role == "prefill" else "kv_consumer"),
             ]
+            side_channel = free_port()
+            SIDE_CHANNELS[f"http://127.0.0.1:{port}"] = side_channel
             env |= {
                 "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
-                "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port()),
+                "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side_channel),
             }
         self.events = self.replay = None
         if kv_events:
@@ -102,8 +111,11 @@ class Engine(Proc):
 
 
 class Router(Proc):
-    def __init__(self, args: list[str]):
+    def __init__(self, args: list[str], trust_all: bool = True):
         port = free_port()
+        side_channels = [
+            f"--side-channel={url}={SIDE_CHANNELS[url]}" for url in args if url in SIDE_CHANNELS
+        ]
         super().__init__(
             "router",
             [
@@ -116,6 +128,8 @@ class Router(Proc):
                 "tiny",
                 "--log-level",
                 "warning",
+                *(["--trust-all-clients"] if trust_all else []),
+                *side_channels,
                 *args,
             ],
             port,
@@ -161,4 +175,4 @@ def metrics(url: str) -> str:
 
 def completion(router: Router, prompt: str, **extra: object) -> httpx.Response:
     body = {"model": "tiny", "prompt": prompt, "max_tokens": 4, **extra}
-    return httpx.post(router.url + "/v1/completions", json=body, timeout=60)
+    return httpx.post(router.url + "/v1/completions", json=body, headers=DEBUG, timeout=60)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tandem.router.config import KubernetesDiscovery, RouterConfig
-from tandem.router.discovery.kubernetes import engine_from_pod, label_selector
+from tandem.router.discovery.kubernetes import engine_from_pod, label_selector, pool_owner_uids
 from tandem.router.discovery.static import static_engines
 from tandem.router.engine_metrics import parse_engine_load
 from tandem.router.main import build_parser, config_from_args
@@ -65,12 +65,17 @@ def test_yaml_round_trip_keeps_aliases(tmp_path) -> None:  # type: ignore[no-unt
 
 
 def _pod(
-    role: str = "decode", ip: str | None = "10.0.0.7", ready: str = "True", deleting: bool = False
+    role: str = "decode",
+    ip: str | None = "10.0.0.7",
+    ready: str = "True",
+    deleting: bool = False,
+    owner: str = "rs-1",
 ) -> dict:
     metadata = {
         "name": "llama-decode-0",
         "namespace": "serving",
         "labels": {"tandem.dev/cluster": "llama", "tandem.dev/role": role},
+        "ownerReferences": [{"kind": "ReplicaSet", "uid": owner, "controller": True}],
     }
     if deleting:
         metadata["deletionTimestamp"] = "2026-11-30T00:00:00Z"
@@ -83,17 +88,42 @@ def _pod(
 def test_pod_to_engine() -> None:
     spec = KubernetesDiscovery(namespace="serving", clusterName="llama")
     assert label_selector("llama") == "tandem.dev/cluster=llama,tandem.dev/role in (prefill,decode)"
-    engine = engine_from_pod(_pod(), spec)
+    owners = {"rs-1"}
+    engine = engine_from_pod(_pod(), spec, owners)
     assert engine is not None
+    assert engine.side_channel_port == 5600
     assert engine.url == "http://10.0.0.7:8000"
     assert engine.kv_events == "tcp://10.0.0.7:5557"
     assert engine.kv_events_replay == "tcp://10.0.0.7:5558"
     assert engine.roles == {"decode"}
-    assert engine_from_pod(_pod(ready="False"), spec) is None
-    assert engine_from_pod(_pod(ip=None), spec) is None
-    assert engine_from_pod(_pod(deleting=True), spec) is None
-    assert engine_from_pod(_pod(role="router"), spec) is None
-    assert engine_from_pod(_pod(ip="fd00::7"), spec).url == "http://[fd00::7]:8000"  # type: ignore[union-attr]
+    assert engine_from_pod(_pod(ready="False"), spec, owners) is None
+    assert engine_from_pod(_pod(ip=None), spec, owners) is None
+    assert engine_from_pod(_pod(deleting=True), spec, owners) is None
+    assert engine_from_pod(_pod(role="router"), spec, owners) is None
+    assert engine_from_pod(_pod(ip="fd00::7"), spec, owners).url == "http://[fd00::7]:8000"  # type: ignore[union-attr]
+    assert engine_from_pod(_pod(owner="rs-stranger"), spec, owners) is None  # labels alone
+
+
+def _owned(kind: str, name: str, uid: str, owner: dict[str, object] | None) -> dict:
+    refs = [{**owner, "controller": True}] if owner else []
+    return {"kind": kind, "metadata": {"name": name, "uid": uid, "ownerReferences": refs}}
+
+
+def test_pool_owners_follow_the_servingcluster_chain() -> None:
+    cluster = {"kind": "ServingCluster", "name": "llama", "uid": "sc-1"}
+    deployments = [
+        _owned("Deployment", "llama-decode", "d-1", cluster),
+        _owned("Deployment", "llama-prefill", "p-1", cluster),
+        _owned("Deployment", "llama-decode-copy", "x-1", cluster),  # not a pool's name
+        _owned("Deployment", "llama-decode", "x-2", None),  # no ServingCluster controls it
+    ]
+    replica_sets = [
+        _owned("ReplicaSet", "llama-decode-abc", "rs-1", {"kind": "Deployment", "uid": "d-1"}),
+        _owned("ReplicaSet", "llama-prefill-def", "rs-2", {"kind": "Deployment", "uid": "p-1"}),
+        _owned("ReplicaSet", "llama-decode-xyz", "rs-3", {"kind": "Deployment", "uid": "x-1"}),
+        _owned("ReplicaSet", "llama-decode-uvw", "rs-4", {"kind": "Deployment", "uid": "x-2"}),
+    ]
+    assert pool_owner_uids("llama", deployments, replica_sets) == {"rs-1", "rs-2"}
 
 
 def test_engine_load_from_vllm_metrics() -> None:

@@ -26,7 +26,9 @@ pytestmark = [
 ]
 
 
-def pod(name: str, role: str, ip: str, ready: bool = True, version: int = 1) -> dict[str, object]:
+def pod(
+    name: str, role: str, ip: str, ready: bool = True, version: int = 1, owner: str = ""
+) -> dict[str, object]:
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -35,6 +37,15 @@ def pod(name: str, role: str, ip: str, ready: bool = True, version: int = 1) -> 
             "namespace": "serving",
             "resourceVersion": str(version),
             "labels": {"tandem.dev/cluster": "llama", "tandem.dev/role": role},
+            "ownerReferences": [
+                {
+                    "apiVersion": "apps/v1",
+                    "kind": "ReplicaSet",
+                    "name": f"llama-{role}-1",
+                    "uid": owner or f"rs-{role}",
+                    "controller": True,
+                }
+            ],
         },
         "spec": {"containers": [{"name": "engine", "image": "vllm"}]},
         "status": {
@@ -45,8 +56,54 @@ def pod(name: str, role: str, ip: str, ready: bool = True, version: int = 1) -> 
     }
 
 
+def _owned(kind: str, name: str, uid: str, owner: dict[str, str]) -> dict[str, object]:
+    meta = {
+        "name": name,
+        "namespace": "serving",
+        "uid": uid,
+        "labels": {"tandem.dev/cluster": "llama"},
+    }
+    return {"kind": kind, "metadata": {**meta, "ownerReferences": [{**owner, "controller": True}]}}
+
+
+# The pools' owner chain as the operator leaves it: ServingCluster -> Deployment -> ReplicaSet.
+DEPLOYMENTS = [
+    _owned(
+        "Deployment",
+        f"llama-{role}",
+        f"dep-{role}",
+        {
+            "apiVersion": "tandem.dev/v1alpha1",
+            "kind": "ServingCluster",
+            "name": "llama",
+            "uid": "sc",
+        },
+    )
+    for role in ("prefill", "decode")
+]
+REPLICA_SETS = [
+    _owned(
+        "ReplicaSet",
+        f"llama-{role}-1",
+        f"rs-{role}",
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "name": f"llama-{role}",
+            "uid": f"dep-{role}",
+        },
+    )
+    for role in ("prefill", "decode")
+]
+LISTS = {
+    "/apis/apps/v1/namespaces/serving/deployments": ("DeploymentList", DEPLOYMENTS),
+    "/apis/apps/v1/namespaces/serving/replicasets": ("ReplicaSetList", REPLICA_SETS),
+}
+
+
 class FakeApiServer:
-    """Serves `GET /api/v1/namespaces/serving/pods` (list, and `watch=true` as a JSON-lines stream)."""
+    """Serves `GET /api/v1/namespaces/serving/pods` (list, and `watch=true` as a JSON-lines stream),
+    and lists of the pools' Deployments and ReplicaSets."""
 
     def __init__(self, pods: list[dict[str, object]]):
         self.pods = pods
@@ -63,6 +120,16 @@ class FakeApiServer:
             def do_GET(self) -> None:
                 url = urlsplit(self.path)
                 query = parse_qs(url.query)
+                if url.path in LISTS:
+                    kind, items = LISTS[url.path]
+                    listing = {"kind": kind, "metadata": {"resourceVersion": "1"}, "items": items}
+                    body = json.dumps(listing).encode()
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    return
                 if url.path != "/api/v1/namespaces/serving/pods":
                     self.send_error(404)
                     return
@@ -132,6 +199,7 @@ def test_pod_watch_drives_the_pool(engine: Engine, tmp_path: Path) -> None:
         [
             pod("llama-decode-0", "decode", "127.0.0.1"),
             pod("llama-decode-1", "decode", "127.0.0.3", ready=False),
+            pod("impostor", "decode", "127.0.0.4", owner="rs-elsewhere"),  # the labels alone
         ]
     ) as api:
         kubeconfig = tmp_path / "kubeconfig"
@@ -173,6 +241,7 @@ def test_pod_watch_drives_the_pool(engine: Engine, tmp_path: Path) -> None:
             local = f"http://127.0.0.1:{engine.port}"
             wait_for(lambda: local in engines(router))
             assert f"http://127.0.0.3:{engine.port}" not in engines(router)  # not Ready
+            assert f"http://127.0.0.4:{engine.port}" not in engines(router)  # not the pools' pod
             assert (
                 api.selectors[0] == "tandem.dev/cluster=llama,tandem.dev/role in (prefill,decode)"
             )

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 from router_harness import (
+    DEBUG,
     LONG,
     MODEL_DIR,
     SHORT,
@@ -48,7 +49,7 @@ def test_pd_relay_reaches_both_engines(pd: tuple[Engine, Engine]) -> None:
             "stream_options": {"include_usage": True},
         }
         with httpx.stream(
-            "POST", router.url + "/v1/completions", json=body, timeout=60
+            "POST", router.url + "/v1/completions", json=body, headers=DEBUG, timeout=60
         ) as response:
             assert response.status_code == 200
             assert response.headers["content-type"].startswith("text/event-stream")

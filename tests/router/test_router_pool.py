@@ -9,7 +9,17 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from router_harness import MODEL_DIR, SHORT, Engine, Router, completion, metric, metrics, running
+from router_harness import (
+    DEBUG,
+    MODEL_DIR,
+    SHORT,
+    Engine,
+    Router,
+    completion,
+    metric,
+    metrics,
+    running,
+)
 
 pytestmark = [
     pytest.mark.timeout(120),
@@ -165,7 +175,7 @@ def test_session_affinity_keeps_a_session_on_one_engine(workers: tuple[Engine, E
         for i in range(6):  # unrelated prompts: only the session header ties them together
             response = httpx.post(
                 router.url + "/v1/completions",
-                headers={"x-session-id": "s-1"},
+                headers={"x-session-id": "s-1", **DEBUG},
                 json={"model": "tiny", "prompt": f"{i} unrelated {i * 7}", "max_tokens": 2},
             )
             assert response.status_code == 200

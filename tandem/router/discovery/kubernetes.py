@@ -1,7 +1,10 @@
 """Kubernetes discovery: watches the ServingCluster's engine Pods and keeps the pool in step.
 
-Pods are selected by `tandem.dev/cluster=<name>,tandem.dev/role in (prefill,decode)`; a Pod is an
-engine while it is Ready, has a podIP and is not being deleted. Engine URL `http://<podIP>:8000`,
+Pods are selected by `tandem.dev/cluster=<name>,tandem.dev/role in (prefill,decode)`, but labels
+only select: a Pod is admitted only when its controller is a ReplicaSet (matched by uid) whose
+controller is the pool's own Deployment (`<name>-prefill` / `<name>-decode`, itself controlled by
+the ServingCluster `<name>`), so a Pod that merely copies the labels never receives traffic. An
+admitted Pod is an engine while it is Ready, has a podIP and is not being deleted. Engine URL `http://<podIP>:8000`,
 KV events `tcp://<podIP>:5557` (replay 5558). Pod IPs are used directly (not EndpointSlices) so a
 test cluster whose pods run on loopback addresses works too. The blocking watch runs in a thread
 and hands events to the event loop; credentials come from the in-cluster service account, else
@@ -11,8 +14,10 @@ the kubeconfig (`$KUBECONFIG` honoured).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -29,13 +34,59 @@ def label_selector(cluster_name: str) -> str:
     return f"{CLUSTER_LABEL}={cluster_name},{ROLE_LABEL} in (prefill,decode)"
 
 
-def engine_from_pod(pod: dict[str, Any], spec: KubernetesDiscovery) -> Engine | None:
-    """The Engine a Pod (as a JSON dict) stands for, or None while it must not receive traffic."""
+def controller(obj: dict[str, Any]) -> dict[str, Any] | None:
+    """The owner reference marked `controller: true`, if any."""
+    for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
+        if isinstance(ref, dict) and ref.get("controller"):
+            return ref
+    return None
+
+
+def pool_owner_uids(
+    cluster_name: str, deployments: list[dict[str, Any]], replica_sets: list[dict[str, Any]]
+) -> set[str]:
+    """uids of the ReplicaSets whose controller is one of the cluster's pool Deployments.
+
+    A pool Deployment is named `<cluster>-prefill` or `<cluster>-decode` and controlled by the
+    ServingCluster `<cluster>`.
+    """
+    names = {f"{cluster_name}-{role}" for role in ("prefill", "decode")}
+    pools = set()
+    for deployment in deployments:
+        metadata = deployment.get("metadata") or {}
+        owner = controller(deployment) or {}
+        if (
+            metadata.get("name") in names
+            and owner.get("kind") == "ServingCluster"
+            and owner.get("name") == cluster_name
+        ):
+            pools.add(metadata.get("uid"))
+    return {
+        str((rs.get("metadata") or {}).get("uid"))
+        for rs in replica_sets
+        if (controller(rs) or {}).get("uid") in pools
+    }
+
+
+def owner_uid(pod: dict[str, Any]) -> str | None:
+    ref = controller(pod)
+    return str(ref.get("uid")) if ref and ref.get("kind") == "ReplicaSet" else None
+
+
+def engine_from_pod(
+    pod: dict[str, Any], spec: KubernetesDiscovery, owners: set[str]
+) -> Engine | None:
+    """The Engine a Pod (as a JSON dict) stands for, or None while it must not receive traffic.
+
+    `owners` are the uids of the pools' ReplicaSets (`pool_owner_uids`).
+    """
     metadata = pod.get("metadata") or {}
     status = pod.get("status") or {}
     role = (metadata.get("labels") or {}).get(ROLE_LABEL)
     ip = status.get("podIP")
     if role not in ("prefill", "decode") or not ip or metadata.get("deletionTimestamp"):
+        return None
+    if owner_uid(pod) not in owners:
         return None
     ready = any(
         c.get("type") == "Ready" and c.get("status") == "True"
@@ -51,6 +102,7 @@ def engine_from_pod(pod: dict[str, Any], spec: KubernetesDiscovery) -> Engine | 
         kv_events_replay=f"tcp://{host}:{spec.kv_events_replay_port}"
         if spec.kv_events_replay_port
         else None,
+        side_channel_port=spec.side_channel_port,
         labels={
             "pod": str(metadata.get("name", "")),
             "namespace": str(metadata.get("namespace", "")),
@@ -58,7 +110,8 @@ def engine_from_pod(pod: dict[str, Any], spec: KubernetesDiscovery) -> Engine | 
     )
 
 
-def _load_client() -> Any:
+def _load_clients() -> tuple[Any, Any]:
+    """(CoreV1Api, AppsV1Api) with in-cluster credentials, else the kubeconfig."""
     import kubernetes
 
     kube: Any = kubernetes  # the client library is untyped
@@ -66,7 +119,7 @@ def _load_client() -> Any:
         kube.config.load_incluster_config()
     except kube.config.ConfigException:
         kube.config.load_kube_config()  # honours $KUBECONFIG
-    return kube.client.CoreV1Api()
+    return kube.client.CoreV1Api(), kube.client.AppsV1Api()
 
 
 class PodWatcher:
@@ -87,6 +140,9 @@ class PodWatcher:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pod-watch", daemon=True)
         self.synced = asyncio.Event()
+        self.owners: set[str] = set()
+        self._owners_read = 0.0
+        self._refused: set[str] = set()  # pods already logged as not the pools' own
 
     def start(self) -> None:
         self._thread.start()
@@ -97,26 +153,58 @@ class PodWatcher:
     def _emit(self, name: str, engine: Engine | None) -> None:
         self.loop.call_soon_threadsafe(self.on_change, name, engine)
 
+    def _read_owners(self, apps: Any) -> None:
+        selector = f"{CLUSTER_LABEL}={self.spec.cluster_name}"
+        namespace = self.spec.namespace
+        # Raw JSON: only names, uids and owner references are read, no model needs building.
+        deployments = apps.list_namespaced_deployment(
+            namespace, label_selector=selector, _preload_content=False
+        )
+        replica_sets = apps.list_namespaced_replica_set(
+            namespace, label_selector=selector, _preload_content=False
+        )
+        self.owners = pool_owner_uids(
+            self.spec.cluster_name,
+            json.loads(deployments.data).get("items") or [],
+            json.loads(replica_sets.data).get("items") or [],
+        )
+        self._owners_read = time.monotonic()
+
+    def _engine(self, data: dict[str, Any], apps: Any) -> Engine | None:
+        """engine_from_pod, reading the pools' ReplicaSets again (at most once a second) when the
+        Pod's controller is not among them: a rollout's new ReplicaSet exists before its Pods."""
+        uid = owner_uid(data)
+        if uid is not None and uid not in self.owners and time.monotonic() - self._owners_read > 1:
+            self._read_owners(apps)
+        name = str(data["metadata"]["name"])
+        if uid not in self.owners and name not in self._refused:
+            self._refused.add(name)
+            log.warning(
+                "pod %s carries the cluster's labels but is not one of its pools'; ignored", name
+            )
+        return engine_from_pod(data, self.spec, self.owners)
+
     def _run(self) -> None:
         import kubernetes.watch
         from kubernetes.client.exceptions import ApiException
 
         watch: Any = kubernetes.watch
 
-        api = None
+        api = apps = None
         selector = label_selector(self.spec.cluster_name)
         while not self._stop.is_set():
             try:
                 if api is None:
-                    api = _load_client()
+                    api, apps = _load_clients()
+                serialize = api.api_client.sanitize_for_serialization
+                self._read_owners(apps)
                 listing = api.list_namespaced_pod(self.spec.namespace, label_selector=selector)
                 seen = set()
-                serialize = api.api_client.sanitize_for_serialization
                 for pod in listing.items:
                     data = serialize(pod)
                     name = data["metadata"]["name"]
                     seen.add(name)
-                    self._emit(name, engine_from_pod(data, self.spec))
+                    self._emit(name, self._engine(data, apps))
                 self.loop.call_soon_threadsafe(self._sync_done, seen)
                 version = listing.metadata.resource_version
                 stream = watch.Watch()
@@ -136,9 +224,7 @@ class PodWatcher:
                         continue
                     data = serialize(event["object"])
                     name = data["metadata"]["name"]
-                    self._emit(
-                        name, None if kind == "DELETED" else engine_from_pod(data, self.spec)
-                    )
+                    self._emit(name, None if kind == "DELETED" else self._engine(data, apps))
             except ApiException as exc:
                 if exc.status != 410:  # 410 Gone: our resourceVersion expired, list again
                     log.warning("pod watch failed: %s", exc.reason)

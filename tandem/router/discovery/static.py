@@ -10,6 +10,7 @@ def static_engines(static: StaticDiscovery) -> list[Engine]:
     """One Engine per distinct URL; a URL listed as prefill and decode, or as a worker, serves both."""
     roles: dict[str, set[str]] = {}
     events: dict[str, tuple[str | None, str | None]] = {}
+    side_channels: dict[str, int] = {}
     for role, endpoints in (
         ("prefill", static.prefill),
         ("decode", static.decode),
@@ -21,7 +22,15 @@ def static_engines(static: StaticDiscovery) -> list[Engine]:
             roles.setdefault(url, set()).update(wanted)
             if endpoint.kv_events or url not in events:
                 events[url] = (endpoint.kv_events, endpoint.kv_events_replay)
+            if endpoint.side_channel_port is not None:
+                side_channels[url] = endpoint.side_channel_port
     return [
-        Engine(url, frozenset(r), kv_events=events[url][0], kv_events_replay=events[url][1])
+        Engine(
+            url,
+            frozenset(r),
+            kv_events=events[url][0],
+            kv_events_replay=events[url][1],
+            side_channel_port=side_channels.get(url, Engine.side_channel_port),
+        )
         for url, r in roles.items()
     ]

@@ -1,0 +1,45 @@
+"""What the router remembers between requests, in one place: engines, indexes, sessions, pools.
+
+The proxy reads and updates it per request; the service adds and removes engines. Forgetting an
+engine goes through `forget_engine`, so no per-engine trace (index entries, sessions, metric
+series, pooled connections) outlives it.
+"""
+
+from __future__ import annotations
+
+from tandem.router.admission import Admission
+from tandem.router.auth import EngineKey
+from tandem.router.config import RouterConfig
+from tandem.router.engines import EnginePool
+from tandem.router.features import featurizer_of
+from tandem.router.index import PrefixIndex
+from tandem.router.metrics import RouterMetrics
+from tandem.router.sessions import SessionTable
+from tandem.router.upstream import Upstreams
+
+
+class RouterState:
+    def __init__(self, config: RouterConfig, metrics: RouterMetrics | None = None):
+        self.pool = EnginePool()
+        self.metrics = metrics or RouterMetrics()
+        self.featurizer = featurizer_of(config, self.metrics)
+        self.exact_index = PrefixIndex(config.index_max_blocks_per_engine, config.pending_ttl_s)
+        self.approx_index = PrefixIndex(config.index_max_blocks_per_engine)
+        # The exact index is consulted only when events can meet request keys (a tokenizer is set).
+        self.use_exact = config.kv_events and self.featurizer.exact
+        admission = config.admission
+        self.admission = Admission(
+            admission.max_in_flight, admission.max_queue, admission.max_queue_per_priority
+        )
+        self.sessions = SessionTable(admission.max_sessions, admission.max_session_bytes)
+        engine_key = EngineKey.from_config(config)
+        self.upstreams = Upstreams(
+            config.timeouts.connect_s, engine_key.header if engine_key else None
+        )
+
+    def forget_engine(self, engine_id: str) -> None:
+        self.exact_index.drop_engine(engine_id)
+        self.approx_index.drop_engine(engine_id)
+        self.sessions.forget_engine(engine_id)
+        self.upstreams.drop(engine_id)
+        self.metrics.forget_endpoint(engine_id)
