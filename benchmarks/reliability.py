@@ -192,10 +192,16 @@ def router(
 @contextlib.contextmanager
 def running(*procs: Proc) -> Iterator[None]:
     try:
-        for proc in procs:
-            proc.start()
-        for proc in procs:
-            proc.wait_ready()
+        # Engines first: a router whose first health check finds an engine still starting marks
+        # it down until the next check.
+        for group in (
+            [p for p in procs if p.name != "router"],
+            [p for p in procs if p.name == "router"],
+        ):
+            for proc in group:
+                proc.start()
+            for proc in group:
+                proc.wait_ready()
         yield
     finally:
         for proc in reversed(procs):
@@ -896,6 +902,7 @@ class FailurePathsResult:
     kv_pull_status: int
     kv_pull_terminal_s: float
     kv_pull_message: str
+    kv_pull_retried: float  # tandem_router_retries_total{reason="kv_transfer"}
     foreign_handoff_status: int
     handoff_rejected_metric: float
 
@@ -904,7 +911,8 @@ class FailurePathsResult:
             f"(e) prefill engine 4xx (prompt over max-model-len): client got {self.prefill_4xx_status}"
             f" {self.prefill_4xx_body[:90]}; traceback in router log: {self.prefill_4xx_traceback}",
             f"    decode KV pull failure: client got {self.kv_pull_status} after"
-            f" {self.kv_pull_terminal_s:.2f} s ({self.kv_pull_message[:70]})",
+            f" {self.kv_pull_terminal_s:.2f} s ({self.kv_pull_message[:70]});"
+            f" retried without the handoff: {self.kv_pull_retried:g}",
             f"    handoff naming another host: client got {self.foreign_handoff_status};"
             f" tandem_router_kv_handoff_rejected_total {self.handoff_rejected_metric:g}",
         ]
@@ -997,7 +1005,12 @@ async def failure_paths() -> FailurePathsResult:
                 async with session.post(front.url + "/v1/completions", json=body) as response:
                     k_status, k_text = response.status, await response.text()
                 k_seconds = time.monotonic() - t0
-    k_message = k_text
+                async with session.get(front.url + "/metrics") as response:
+                    k_retried = _metric(
+                        await response.text(),
+                        'tandem_router_retries_total{pool="decode",reason="kv_transfer"}',
+                    )
+    k_message = "[DONE]" if "data: [DONE]" in k_text and '"error"' not in k_text else k_text
     with contextlib.suppress(ValueError, KeyError, IndexError):
         for line in k_text.splitlines():
             if line.startswith("data: {") or line.startswith("{"):
@@ -1026,7 +1039,15 @@ async def failure_paths() -> FailurePathsResult:
                         await response.text(), "tandem_router_kv_handoff_rejected_total"
                     )
     return FailurePathsResult(
-        p_status, p_body, traceback, k_status, k_seconds, str(k_message), f_status, rejected
+        p_status,
+        p_body,
+        traceback,
+        k_status,
+        k_seconds,
+        str(k_message),
+        k_retried,
+        f_status,
+        rejected,
     )
 
 

@@ -10,7 +10,16 @@ import time
 import httpx
 import pytest
 from prefill_standin import PrefillStandIn
-from router_harness import LONG, MODEL_DIR, Engine, Router, metric, metrics, running
+from router_harness import (
+    LONG,
+    MODEL_DIR,
+    SIDE_CHANNELS,
+    Engine,
+    Router,
+    metric,
+    metrics,
+    running,
+)
 
 pytestmark = [
     pytest.mark.timeout(120),
@@ -31,6 +40,8 @@ def wait_all_healthy(router: Router, timeout_s: float = 20.0) -> None:
 def test_a_failed_kv_pull_is_retried_on_decode_without_remote_prefill(stream: bool) -> None:
     prefill, decode = Engine("prefill"), Engine("decode")
     standin = PrefillStandIn(prefill.url)
+    # The stand-in relays the prefill engine's answers, which name that engine's side channel.
+    SIDE_CHANNELS[standin.url] = SIDE_CHANNELS[prefill.url]
     router = Router(
         ["--prefill", standin.url, "--decode", decode.url, "--disaggregation", "always"]
     )

@@ -76,7 +76,10 @@ async def test_prefill_4xx_and_kv_pull_failures_end_cleanly() -> None:
     assert result.prefill_4xx_status == 400
     assert "too long" in result.prefill_4xx_body
     assert not result.prefill_4xx_traceback
-    assert result.kv_pull_status >= 500  # the decode engine's own error, relayed
+    # the request still completes: the decode engine recomputes the prompt itself (the engines'
+    # recompute policy), or the router sends it again without the handoff
+    assert result.kv_pull_status == 200
+    assert result.kv_pull_retried <= 1
     assert result.kv_pull_terminal_s < 10
     assert result.foreign_handoff_status == 502
     assert result.handoff_rejected_metric == 1
