@@ -28,7 +28,7 @@ from tandem_process import MODEL_DIR, ROOT, TandemProcess, free_port
 from tandem.local.cluster import PortPool, load_cluster
 from tandem.local.devices import probe_machine
 from tandem.local.plan import LocalOptions, LocalPlan, ProcessSpec, build_plan
-from tandem.router.config import RouterConfig
+from tandem.router.config import RouterConfig, TrustConfig
 
 VLLM_PYTHON = os.environ.get("TANDEM_VLLM_PYTHON", "")
 EXAMPLE = ROOT / "examples" / "tiny-vllm.yaml"
@@ -74,9 +74,19 @@ def make_llama3_style_model(dest: Path) -> Path:
     return dest
 
 
+# Asks a trusted router for the engines' addresses in the response headers.
+DEBUG = {"x-tandem-debug": "1"}
+
+
 def openai_client(url: str) -> openai.OpenAI:
     """The official client against a router at `url`; no retries, so a failure shows."""
-    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=120, max_retries=0)
+    return openai.OpenAI(
+        base_url=f"{url}/v1",
+        api_key="unused",
+        timeout=120,
+        max_retries=0,
+        default_headers=DEBUG,  # the routers here trust every client: engine addresses come back
+    )
 
 
 def stream_completion(
@@ -265,7 +275,10 @@ class PDCluster:
 
     def router(self, name: str = "router", **changes: object) -> Router:
         """A router for the pair (the plan's config with `changes`), ready."""
-        config = self.plan.router_config.model_copy(update={"port": free_port(), **changes})
+        trust = TrustConfig(trust_all_clients=True)  # the tests read the engines' addresses
+        config = self.plan.router_config.model_copy(
+            update={"port": free_port(), "trust": trust, **changes}
+        )
         router = Router(config, self.run_dir, name)
         self.routers.append(router)
         router.wait_ready(timeout=60)

@@ -36,7 +36,10 @@ def test_prefill_killed_after_its_answer_still_answers_the_client(
     if the decode answer still failed: either way the client gets its tokens."""
     plan = pd.plan.router_config
     assert plan.static is not None
-    static = StaticDiscovery(prefill=[StaticEndpoint(url=standin.url)], decode=plan.static.decode)
+    # The stand-in relays the prefill engine's answers, which name that engine's side channel.
+    side_channel = plan.static.prefill[0].side_channel_port
+    stand_in = StaticEndpoint(url=standin.url, side_channel_port=side_channel)
+    static = StaticDiscovery(prefill=[stand_in], decode=plan.static.decode)
     router = pd.router("router-standin", tokenizer=None, static=static)
     try:
         # One relayed request first: the decode engine's NIXL handshake with this prefill engine is

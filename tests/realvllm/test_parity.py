@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
-from harness import BLOCK, PDCluster, Router, metrics_of
+from harness import BLOCK, DEBUG, PDCluster, Router, metrics_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -39,7 +39,7 @@ def measure(
     for body in bodies:
         seqs = router.kv_seqs()
         before = metrics_of(pd.decode.url)["vllm:prefix_cache_hits_total"]
-        answer = httpx.post(f"{router.url}{path}", json=body, timeout=120)
+        answer = httpx.post(f"{router.url}{path}", json=body, headers=DEBUG, timeout=120)
         assert answer.status_code == 200, answer.text
         assert answer.headers["x-tandem-decode-engine"] == pd.decode.url
         predicted, total = map(int, answer.headers["x-tandem-prefix-hit"].split("/"))
