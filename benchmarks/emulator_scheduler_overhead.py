@@ -30,13 +30,9 @@ from typing import Any
 
 import aiohttp
 
+from tandem.common.ports import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def process_cpu_seconds(pid: int) -> float:

@@ -52,8 +52,9 @@ from rich.table import Table
 from tandem.bench.records import BenchRecord
 from tandem.bench.runner import RunOptions, Target, run_target
 from tandem.bench.spec import SLO, FixedQPS, LengthDist, Mixed, SharedPrefix
+from tandem.common.ports import free_port
 from tandem.emulator.profile import load_profile
-from tandem.local.cluster import DEFAULT_PROFILE, LocalCluster, free_port, load_cluster
+from tandem.local.cluster import DEFAULT_PROFILE, LocalCluster, load_cluster
 from tandem.local.plan import LocalOptions
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -23,7 +23,6 @@ import json
 import os
 import random
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -33,16 +32,12 @@ from pathlib import Path
 
 import aiohttp
 
+from tandem.common.ports import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
 PEERS = Path.home() / ".cache" / "tandem" / "peers"
 PEER_PACKAGES = ["vllm-router==0.1.17", "sglang-router==0.3.2"]
 MODEL = "tiny"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def ensure_peers() -> None:

@@ -13,8 +13,7 @@ import yaml
 
 from e2e.harness.tools import Clients
 from tandem.operator.api import parse_manifest
-from tandem.operator.kube import PLURALS
-from tandem.operator.reconcile import PRUNABLE_KINDS
+from tandem.operator.kinds import CHILD_KINDS
 
 pytestmark = pytest.mark.e2e
 
@@ -66,7 +65,11 @@ def test_chart_crd_is_the_generated_crd(offline_clients: Clients) -> None:
     generated = yaml.safe_load((ROOT / "crds" / "tandem.dev_servingclusters.yaml").read_text())
     assert crd == generated
     printed = subprocess.run(
-        [sys.executable, "-m", "tandem.cli", "crd"], capture_output=True, text=True, check=True
+        [sys.executable, "-m", "tandem.cli", "crd"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
     )
     assert yaml.safe_load(printed.stdout) == generated, (
         "crds/ is stale: regenerate with `tandem crd`"
@@ -92,14 +95,6 @@ def test_operator_deployment_is_hardened(offline_clients: Clients) -> None:
     assert deployment["spec"]["strategy"]["type"] == "Recreate"
 
 
-def _plural(kind: str) -> str:
-    """The resource name of a kind, as the operator's client spells it (English rule otherwise)."""
-    if kind in PLURALS:
-        return PLURALS[kind]
-    lower = kind.lower()
-    return lower[:-1] + "ies" if lower.endswith("y") else lower + "s"
-
-
 def _granted(rules: list[dict[str, Any]]) -> dict[tuple[str, str], set[str]]:
     granted: dict[tuple[str, str], set[str]] = {}
     for rule in rules:
@@ -118,13 +113,12 @@ def test_rbac_grants_what_the_operator_does_and_no_wildcards(offline_clients: Cl
     granted = _granted(roles["tandem"]["rules"])
     assert not any("*" in verbs or "*" in key for key, verbs in granted.items())
     external = {"HorizontalPodAutoscaler", "ScaledObject"}
-    for api_version, kind in PRUNABLE_KINDS:
-        group = api_version.rpartition("/")[0]
-        verbs = granted.get((group, _plural(kind)), set())
-        if kind in external:
-            assert not verbs, f"{kind} granted although rbac.externalAutoscalers is off"
+    for kind in CHILD_KINDS:
+        verbs = granted.get((kind.group, kind.plural), set())
+        if kind.kind in external:
+            assert not verbs, f"{kind.kind} granted although rbac.externalAutoscalers is off"
         else:
-            assert {"create", "patch", "list", "delete"} <= verbs, f"{kind}: {verbs}"
+            assert {"create", "patch", "list", "delete"} <= verbs, f"{kind.kind}: {verbs}"
     assert {"list", "watch", "patch"} <= granted[("tandem.dev", "servingclusters")]
     assert granted[("tandem.dev", "servingclusters/status")] == {"patch"}
     assert granted[("", "pods")] == {"get", "list", "watch"}

@@ -81,12 +81,18 @@ def test_engine_pod_becomes_an_emulator_bound_to_the_pod_ip() -> None:
     plan = plan_pod(
         pod(engine_container()),
         read,
-        tandem="/venv/bin/tandem",
+        tandem=("/venv/bin/python", "-m", "tandem.cli"),
         scratch=PurePosixPath("/tmp/p"),
         engine_extra_args=("--fast",),
     )
     assert plan.role == "decode"
-    assert plan.argv[:3] == ["/venv/bin/tandem", "emulate", "meta-llama/Llama-3.1-8B-Instruct"]
+    assert plan.argv[:5] == [
+        "/venv/bin/python",
+        "-m",
+        "tandem.cli",
+        "emulate",
+        "meta-llama/Llama-3.1-8B-Instruct",
+    ]
     assert plan.argv[-5:] == ["--host", "127.0.1.7", "--kv-events-bind-host", "127.0.1.7", "--fast"]
     assert plan.argv.count("--host") == 1
     # The rendered KV-events config is passed unchanged (vLLM's wildcard bind).
@@ -108,7 +114,7 @@ def test_router_pod_gets_its_configmap_as_a_file_bound_to_the_pod_ip() -> None:
     }
     volumes = [{"name": "config", "configMap": {"name": "llama-router"}}]
     plan = plan_pod(
-        pod(container, volumes=volumes), read, tandem="tandem", scratch=PurePosixPath("/s")
+        pod(container, volumes=volumes), read, tandem=("tandem",), scratch=PurePosixPath("/s")
     )
     assert plan.role == "router"
     assert plan.argv == ["tandem", "router", "--config", "/s/config/router.yaml"]
@@ -173,7 +179,10 @@ def test_kubernetes_variable_expansion() -> None:
 def test_unknown_images_and_missing_sources_are_refused_clearly() -> None:
     with pytest.raises(UnsupportedPod, match="no local stand-in"):
         plan_pod(
-            pod({"name": "c", "command": ["nginx"]}), read, tandem="t", scratch=PurePosixPath("/")
+            pod({"name": "c", "command": ["nginx"]}),
+            read,
+            tandem=("t",),
+            scratch=PurePosixPath("/"),
         )
     missing = {"name": "X", "valueFrom": {"configMapKeyRef": {"name": "nope", "key": "k"}}}
     with pytest.raises(UnsupportedPod, match="ConfigMap key nope/k missing"):

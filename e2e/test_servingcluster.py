@@ -24,19 +24,8 @@ from e2e.harness.kube import eventually, gone, plain
 from e2e.harness.podrunner import PodRunner, RunningPod
 from e2e.harness.podspec import expand
 from e2e.harness.tools import Clients
-from tandem.operator.kube import PLURALS
-from tandem.operator.reconcile import PRUNABLE_KINDS
 
 pytestmark = pytest.mark.e2e
-
-# The operator lists every prunable kind on each reconcile; a kind its client cannot name makes
-# every reconcile fail, and then no status is ever reported. Tests that wait for status say so.
-_UNNAMED_KINDS = sorted(kind for _, kind in PRUNABLE_KINDS if kind not in PLURALS)
-needs_reconcile = pytest.mark.skipif(
-    bool(_UNNAMED_KINDS),
-    reason=f"operator broken: operator/reconcile.py PRUNABLE_KINDS lists {_UNNAMED_KINDS} but "
-    "operator/kube.py PLURALS has no entry for them, so every reconcile raises KeyError",
-)
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "llama-8b-pd.yaml"
@@ -271,7 +260,6 @@ def test_every_child_exists_with_an_owner_reference(cluster: Cluster) -> None:
     assert len(children["PodDisruptionBudget"]) >= 1
 
 
-@needs_reconcile
 def test_pods_run_and_status_is_ready_with_counts(cluster: Cluster, clients: Clients) -> None:
     body = cluster.wait_settled(prefill=2, decode=2)
     status = body["status"]
@@ -326,7 +314,6 @@ def test_chat_completion_goes_through_prefill_and_decode_pods(cluster: Cluster) 
     assert not headers.get("x-tandem-decode-engine"), headers
 
 
-@needs_reconcile
 def test_a_spec_update_rolls_the_pool(cluster: Cluster) -> None:
     old = {p.metadata.name for p in cluster.pods("decode")}
     cluster.patch({"decode": {"maxNumSeqs": 128}})
@@ -339,7 +326,6 @@ def test_a_spec_update_rolls_the_pool(cluster: Cluster) -> None:
     assert chat(cluster, "hello after the rollout")[0]["choices"]
 
 
-@needs_reconcile
 def test_a_replica_change_changes_the_counts(cluster: Cluster) -> None:
     cluster.patch({"prefill": {"replicas": 1}, "decode": {"replicas": 3}})
     body = cluster.wait_settled(prefill=1, decode=3)
@@ -361,7 +347,6 @@ def _identity(cluster: Cluster) -> dict[str, set[tuple[str, str]]]:
     return ids
 
 
-@needs_reconcile
 def test_an_operator_restart_resumes_without_duplicates(
     cluster: Cluster, pod_runner: PodRunner, api: k8s.ApiClient
 ) -> None:

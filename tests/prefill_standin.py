@@ -10,7 +10,8 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
-from tandem_process import free_port
+
+from tandem.common.ports import free_port
 
 
 class PrefillStandIn:

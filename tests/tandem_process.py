@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,12 +17,6 @@ ROOT = Path(__file__).resolve().parents[1]
 # Beside the checkout; TANDEM_GOLDEN names them for a checkout elsewhere (a git worktree).
 GOLDEN = Path(os.environ.get("TANDEM_GOLDEN", ROOT.parent / "shared" / "golden"))
 MODEL_DIR = GOLDEN / "model"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class TandemProcess:

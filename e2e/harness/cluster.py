@@ -11,7 +11,6 @@ import fcntl
 import os
 import shutil
 import signal
-import socket
 import ssl
 import sys
 import tempfile
@@ -28,6 +27,7 @@ from kubernetes import config as k8s_config
 from e2e.harness.binaries import CLUSTER_DIR, Binaries
 from e2e.harness.pki import CertificateAuthority, KeyPair, service_account_keys
 from e2e.harness.processes import Child, Supervisor, wait_until
+from tandem.common.ports import free_port
 
 NODE_NAME = "kwok-gpu-0"
 # Pod IPs come from 127.0.<n>.0/24: n = 1 unless another control plane on this machine holds
@@ -36,12 +36,6 @@ POD_SUBNETS = range(1, 64)
 SERVICE_CIDR = "10.0.0.0/24"
 GPUS_PER_NODE = 8
 SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _https_ok(url: str, context: ssl.SSLContext) -> bool:

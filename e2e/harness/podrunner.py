@@ -18,6 +18,8 @@ from e2e.harness.cluster import NODE_NAME, ControlPlane
 from e2e.harness.podspec import LaunchPlan, UnsupportedPod, plan_pod
 from e2e.harness.processes import Child, Supervisor, log_tail
 
+ROOT = Path(__file__).resolve().parents[2]  # this checkout: the pods run its package
+
 
 @dataclass
 class RunningPod:
@@ -53,7 +55,8 @@ class PodRunner:
         self.interval_s = interval_s
         self.workdir = plane.workdir / "pods"
         self.supervisor = Supervisor(self.workdir / "logs")
-        self.tandem = str(Path(sys.executable).with_name("tandem"))
+        # This interpreter running this checkout's package, wherever its virtualenv lives.
+        self.tandem = (sys.executable, "-m", "tandem.cli")
         self.pods: dict[str, RunningPod] = {}
         self.exited: list[RunningPod] = []  # processes that died while their pod stayed
         self.history: list[RunningPod] = []  # every process started, in order
@@ -215,15 +218,8 @@ class PodRunner:
 
 
 def _base_env() -> dict[str, str]:
-    # PYTHONPATH: a suite run from a worktree (PYTHONPATH=$PWD) runs that tree's code in its pods.
-    keep = (
-        "PATH",
-        "HOME",
-        "LANG",
-        "LC_ALL",
-        "TMPDIR",
-        "PYTHONPATH",
-        "OPENBLAS_CORETYPE",
-        "OPENBLAS_L2_SIZE",
-    )
-    return {key: os.environ[key] for key in keep if key in os.environ}
+    keep = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+    env = {key: os.environ[key] for key in keep if key in os.environ}
+    # This checkout first, so the pods run the code under test whichever package the venv holds.
+    path = [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+    return env | {"PYTHONPATH": os.pathsep.join(path)}

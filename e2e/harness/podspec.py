@@ -206,7 +206,7 @@ def plan_pod(
     pod: Pod,
     objects: ObjectDataReader,
     *,
-    tandem: str,
+    tandem: Sequence[str],
     scratch: PurePosixPath,
     engine_extra_args: Sequence[str] = (),
 ) -> LaunchPlan:
@@ -220,15 +220,15 @@ def plan_pod(
     command = [expand(part, env) for part in container.get("command") or []]
     args = [_map_mount_paths(expand(part, env), mounts) for part in container.get("args") or []]
     if command[:2] == ["vllm", "serve"]:
-        argv = [tandem, "emulate", *engine_args(command[2:] + args, pod_ip), *engine_extra_args]
+        argv = [*tandem, "emulate", *engine_args(command[2:] + args, pod_ip), *engine_extra_args]
         role = pod["metadata"].get("labels", {}).get("tandem.dev/role", "engine")
     elif command[:2] == ["tandem", "router"]:
-        argv = [tandem, *command[1:], *_bind_pod_ip(args, pod_ip)]
+        argv = [*tandem, *command[1:], *_bind_pod_ip(args, pod_ip)]
         role = "router"
         fetches = any(c["name"] == FETCH_CONTAINER for c in pod["spec"].get("initContainers", []))
         files = bind_router_config(files, args, pod_ip, mounts, fetches)
     elif command[:1] == ["tandem"]:
-        argv = [tandem, *command[1:], *_bind_pod_ip(args, pod_ip)]
+        argv = [*tandem, *command[1:], *_bind_pod_ip(args, pod_ip)]
         role = command[1] if len(command) > 1 else "tandem"
     else:
         raise UnsupportedPod(f"no local stand-in for command {command}")

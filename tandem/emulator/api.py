@@ -15,11 +15,11 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from tandem.emulator.engine import Engine
+from tandem.emulator.engine import EmulatedEngine
 from tandem.emulator.faults import FaultInjector
 from tandem.emulator.metrics import build_registry, render
 from tandem.emulator.pd import INTERNAL_ERROR, parse_remote_prefill
-from tandem.emulator.request import FinishReason, Request
+from tandem.emulator.request import EngineRequest, FinishReason
 from tandem.emulator.tokenizer import render_chat
 
 log = logging.getLogger("tandem.emulator.api")
@@ -86,7 +86,7 @@ class Job:
     public_id: str
     model: str
     created: int
-    request: Request
+    request: EngineRequest
     stream: bool
     include_usage: bool
     return_token_ids: bool
@@ -99,7 +99,7 @@ class Job:
 
 
 class OpenAIServer:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: EmulatedEngine) -> None:
         self.engine = engine
         self.config = engine.config
         self.tokenizer = engine.tokenizer
@@ -196,7 +196,6 @@ class OpenAIServer:
         return json_response({"object": "list", "data": cards})
 
     async def metrics(self, request: web.Request) -> web.Response:
-        self.engine._refresh_gauges()
         body = render(self.registry)
         return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
 

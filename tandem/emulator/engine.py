@@ -12,13 +12,13 @@ import zlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from tandem.common.block_hash import hash_function, none_hash
 from tandem.emulator.config import EngineConfig
-from tandem.emulator.hashing import hash_function, none_hash
 from tandem.emulator.kv_cache import KVCacheManager
 from tandem.emulator.kv_events import KVEventPublisher
 from tandem.emulator.metrics import EmulatedGPU, EngineMetrics, SpecDecodeCounters
 from tandem.emulator.profile import TimingProfile
-from tandem.emulator.request import FinishReason, Request, Status
+from tandem.emulator.request import EngineRequest, FinishReason, Status
 from tandem.emulator.scheduler import Batch, Scheduler
 from tandem.emulator.tokenizer import PromptTokenizer
 
@@ -51,7 +51,9 @@ class StepStats:
         }
 
 
-class Engine:
+class EmulatedEngine:
+    """One emulated vLLM engine: its scheduler, KV cache, metrics and the loop that steps them."""
+
     def __init__(
         self,
         config: EngineConfig,
@@ -111,6 +113,7 @@ class Engine:
         )
         if self.spec is not None:
             self.metrics.spec = SpecDecodeCounters(self.spec.num_speculative_tokens)
+        self.metrics.read_gauges = self._refresh_gauges
         self.scheduler.itl = self.metrics.itl
         self.publisher: KVEventPublisher | None = None
         self.connector: PDConnector | None = None
@@ -184,12 +187,12 @@ class Engine:
         ignore_eos: bool = False,
         cache_salt: str | None = None,
         acceptance_rate: float | None = None,
-    ) -> Request:
+    ) -> EngineRequest:
         """A request for this engine; `acceptance_rate` (speculative decoding) defaults to
         --spec-acceptance-rate."""
         now = asyncio.get_running_loop().time()
         base = seed if seed is not None else zlib.crc32(repr(prompt_token_ids[-64:]).encode())
-        request = Request(
+        request = EngineRequest(
             request_id=request_id,
             prompt_token_ids=prompt_token_ids,
             max_tokens=max_tokens,
@@ -208,7 +211,7 @@ class Engine:
             request.stall_after = faults.stall_after_tokens
         return request
 
-    def add_request(self, request: Request) -> None:
+    def add_request(self, request: EngineRequest) -> None:
         self.scheduler.add(request)
         m = self.metrics
         m.request_params_n.observe(1)
@@ -216,7 +219,7 @@ class Engine:
         m.request_max_num_generation_tokens.observe(request.max_tokens)
         self._wake.set()
 
-    def abort(self, request: Request, reason: FinishReason = FinishReason.ABORT) -> None:
+    def abort(self, request: EngineRequest, reason: FinishReason = FinishReason.ABORT) -> None:
         """Stop a request (client gone, stop string, KV load failure); releases its blocks."""
         if request.status is Status.FINISHED:
             return
@@ -225,7 +228,7 @@ class Engine:
         request.wake()
         self._wake.set()
 
-    def fail(self, request: Request, message: str) -> None:
+    def fail(self, request: EngineRequest, message: str) -> None:
         request.error = message
         self.abort(request, FinishReason.ERROR)
 
@@ -233,10 +236,10 @@ class Engine:
         self._wake.set()
 
     # ------------------------------------------------------------------ callbacks
-    def _on_first_scheduled(self, request: Request, num_hit: int) -> None:
+    def _on_first_scheduled(self, request: EngineRequest, num_hit: int) -> None:
         request.scheduled_time = asyncio.get_running_loop().time()
 
-    def _on_remote_kv(self, request: Request, num_hit: int) -> None:
+    def _on_remote_kv(self, request: EngineRequest, num_hit: int) -> None:
         assert self.connector is not None
         self.connector.start_pull(request, num_hit)
 
@@ -345,7 +348,7 @@ class Engine:
             r.status is not Status.WAITING_FOR_REMOTE_KVS or r.kv_ready for r in scheduler.waiting
         )
 
-    def _finish_step(self, batch: Batch, now: float) -> list[Request]:
+    def _finish_step(self, batch: Batch, now: float) -> list[EngineRequest]:
         """Account one computed step; returns the requests whose streams have news."""
         produced, first_tokens, finished = self.scheduler.update(batch, now)
         m = self.metrics
@@ -363,14 +366,14 @@ class Engine:
         return produced
 
     @staticmethod
-    def _hand_off(produced: list[Request]) -> None:
+    def _hand_off(produced: list[EngineRequest]) -> None:
         """Wake the HTTP handlers of requests that got tokens (vLLM's engine-to-frontend output)."""
         for request in produced:
             waiter = request.waiter
             if waiter is not None and not waiter.done():
                 waiter.set_result(None)
 
-    def _on_first_token(self, request: Request, now: float) -> None:
+    def _on_first_token(self, request: EngineRequest, now: float) -> None:
         m = self.metrics
         request.first_token_time = now
         m.ttft.observe(now - request.arrival_time)
@@ -391,14 +394,14 @@ class Engine:
             m.external_prefix_cache_queries.inc(prompt)
             m.external_prefix_cache_hits.inc(external)
 
-    def _on_finished(self, request: Request, now: float) -> None:
+    def _on_finished(self, request: EngineRequest, now: float) -> None:
         if request.do_remote_decode and self.connector is not None:
             self.connector.hold_blocks(request)
         else:
             self.kv.free(request)
         self._record_finished(request, now)
 
-    def _record_finished(self, request: Request, now: float) -> None:
+    def _record_finished(self, request: EngineRequest, now: float) -> None:
         m = self.metrics
         reason = request.finish_reason.value if request.finish_reason else "abort"
         m.request_success[reason].inc()

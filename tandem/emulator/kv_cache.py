@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from tandem.emulator.hashing import HashFunction, cache_salt_extra_keys, event_hash
-from tandem.emulator.request import Request
+from tandem.common.block_hash import HashFunction, cache_salt_extra_keys, event_hash
+from tandem.emulator.request import EngineRequest
 
 KVEvent = dict[str, Any]
 
@@ -159,7 +159,7 @@ class BlockPool:
             queue.prepend_n(without_digest)
 
     def cache_full_blocks(
-        self, request: Request, blocks: list[Block], num_cached: int, num_full: int
+        self, request: EngineRequest, blocks: list[Block], num_cached: int, num_full: int
     ) -> None:
         """Register blocks [num_cached, num_full) of `request` under their digests (BlockStored)."""
         new_hashes: list[int] = []
@@ -234,9 +234,9 @@ class KVCacheManager:
         # prefix-cache counters in tokens (vLLM's prefix_cache_queries / hits)
         self.queries = 0
         self.hits = 0
-        self.on_preempt: Callable[[Request], None] | None = None
+        self.on_preempt: Callable[[EngineRequest], None] | None = None
 
-    def update_digests(self, request: Request) -> None:
+    def update_digests(self, request: EngineRequest) -> None:
         """Extend the request's chain of full-block digests to its current token count."""
         digests = request.block_digests
         bs = self.block_size
@@ -251,7 +251,7 @@ class KVCacheManager:
             parent = hash_fn((parent, tuple(tokens[index * bs : (index + 1) * bs]), extra))
             digests.append(parent)
 
-    def get_computed_blocks(self, request: Request) -> tuple[list[Block], int]:
+    def get_computed_blocks(self, request: EngineRequest) -> tuple[list[Block], int]:
         """Longest cached prefix of full blocks, leaving at least the last token to compute."""
         if not self.enable_caching:
             return [], 0
@@ -267,14 +267,14 @@ class KVCacheManager:
         self.hits += len(hits) * self.block_size
         return hits, len(hits) * self.block_size
 
-    def blocks_needed(self, request: Request, num_tokens: int, new_computed: int = 0) -> int:
+    def blocks_needed(self, request: EngineRequest, num_tokens: int, new_computed: int = 0) -> int:
         have = len(self.req_blocks.get(request.request_id, ())) + new_computed
         needed = -(-min(num_tokens, self.max_model_len) // self.block_size)
         return max(0, needed - have)
 
     def allocate_slots(
         self,
-        request: Request,
+        request: EngineRequest,
         num_new_tokens: int,
         num_new_computed_tokens: int = 0,
         new_computed_blocks: list[Block] | None = None,
@@ -306,7 +306,7 @@ class KVCacheManager:
             self.cache_blocks(request, min(num_computed + num_new_tokens, request.num_tokens))
         return True
 
-    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+    def cache_blocks(self, request: EngineRequest, num_tokens: int) -> None:
         num_full = num_tokens // self.block_size
         num_cached = request.num_cached_blocks
         if num_cached >= num_full:
@@ -317,10 +317,10 @@ class KVCacheManager:
         )
         request.num_cached_blocks = num_full
 
-    def block_ids(self, request: Request) -> list[int]:
+    def block_ids(self, request: EngineRequest) -> list[int]:
         return [b.block_id for b in self.req_blocks.get(request.request_id, ())]
 
-    def free(self, request: Request) -> None:
+    def free(self, request: EngineRequest) -> None:
         """Release the request's blocks, tail first, so its last blocks are evicted first."""
         blocks = self.req_blocks.pop(request.request_id, None)
         request.num_cached_blocks = 0
@@ -329,7 +329,7 @@ class KVCacheManager:
             blocks.reverse()
             self.pool.free_blocks(blocks)
 
-    def detach(self, request: Request) -> list[Block]:
+    def detach(self, request: EngineRequest) -> list[Block]:
         """Take the request's blocks out of its table without freeing them (a P/D lease holds them)."""
         request.num_cached_blocks = 0
         request.kv_capacity = 0

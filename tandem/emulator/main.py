@@ -14,18 +14,18 @@ from aiohttp import web
 from tandem.emulator.api import OpenAIServer
 from tandem.emulator.args import parse_args
 from tandem.emulator.config import EngineConfig
-from tandem.emulator.engine import Engine
+from tandem.emulator.engine import EmulatedEngine
 from tandem.emulator.profile import load_profile
 from tandem.emulator.tokenizer import PromptTokenizer
 
 log = logging.getLogger("tandem.emulator")
 
 
-def build_engine(config: EngineConfig) -> Engine:
+def build_engine(config: EngineConfig) -> EmulatedEngine:
     profile = load_profile(config.timing_profile)
     tokenizer_dir = config.tokenizer_dir
     tokenizer = PromptTokenizer(str(tokenizer_dir) if tokenizer_dir else None)
-    return Engine(config, profile, tokenizer)
+    return EmulatedEngine(config, profile, tokenizer)
 
 
 async def serve(

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import bisect
 import socket
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -19,8 +18,8 @@ from prometheus_client.core import (
 from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
-from prometheus_client.utils import floatToGoString
 
+from tandem.common.metrics import Counter, Histogram
 from tandem.emulator.profile import GPUMemory
 
 if TYPE_CHECKING:
@@ -168,41 +167,6 @@ HELP = {
 }
 
 
-class Histogram:
-    """A fixed-bucket histogram without locks: the engine loop is its only writer."""
-
-    __slots__ = ("bounds", "counts", "created", "total")
-
-    def __init__(self, bounds: Sequence[float]) -> None:
-        self.bounds = [float(b) for b in bounds]
-        self.counts = [0] * (len(self.bounds) + 1)
-        self.total = 0.0
-        self.created = time.time()
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.bounds, value)] += 1
-        self.total += value
-
-    def cumulative(self) -> list[tuple[str, float]]:
-        out: list[tuple[str, float]] = []
-        running = 0
-        for bound, count in zip([*self.bounds, float("inf")], self.counts, strict=True):
-            running += count
-            out.append((floatToGoString(bound), float(running)))  # type: ignore[no-untyped-call]
-        return out
-
-
-class Counter:
-    __slots__ = ("created", "value")
-
-    def __init__(self) -> None:
-        self.value = 0.0
-        self.created = time.time()
-
-    def inc(self, amount: float = 1.0) -> None:
-        self.value += amount
-
-
 class EmulatedGPU:
     """The emulated GPU as dcgm-exporter would report it, for resource monitoring.
 
@@ -305,6 +269,8 @@ class EngineMetrics:
         self.cache_config_info: dict[str, str] = {}
         self.gpu: EmulatedGPU | None = None
         self.spec: SpecDecodeCounters | None = None
+        # Reads the engine's live state into the gauges before each scrape (the engine sets it).
+        self.read_gauges: Callable[[], None] = lambda: None
         # gauges, refreshed by the engine loop
         self.num_running = 0
         self.num_waiting = 0
@@ -387,6 +353,7 @@ class EngineMetrics:
 
     def collect(self) -> Iterator[Metric]:
         """Families in vLLM's order (prometheus_client's collector protocol)."""
+        self.read_gauges()
         base = ["engine", "model_name"]
         values = [self.engine, self.model_name]
 
@@ -485,7 +452,7 @@ class EngineMetrics:
         yield rejections
         for name, histogram in self.histograms():
             family = HistogramMetricFamily(name, HELP[name], labels=base)
-            family.add_metric(values, histogram.cumulative(), histogram.total)
+            family.add_metric(values, histogram.cumulative(), histogram.sum)
             family.add_sample(
                 name + "_created", dict(zip(base, values, strict=True)), histogram.created
             )

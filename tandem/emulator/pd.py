@@ -28,10 +28,10 @@ import zmq
 import zmq.asyncio
 
 from tandem.emulator.kv_cache import Block
-from tandem.emulator.request import RemotePrefill, Request
+from tandem.emulator.request import EngineRequest, RemotePrefill
 
 if TYPE_CHECKING:
-    from tandem.emulator.engine import Engine
+    from tandem.emulator.engine import EmulatedEngine
 
 log = logging.getLogger("tandem.emulator.pd")
 
@@ -108,7 +108,7 @@ def block_pattern(tokens: list[int], block_index: int) -> int:
 
 
 class PDConnector:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: EmulatedEngine) -> None:
         self.engine = engine
         config = engine.config
         assert config.kv_transfer_config is not None
@@ -177,7 +177,7 @@ class PDConnector:
         self.ctx.term()
 
     # ------------------------------------------------------------------ prefill side
-    def kv_transfer_params(self, request: Request, block_ids: list[int]) -> dict[str, Any]:
+    def kv_transfer_params(self, request: EngineRequest, block_ids: list[int]) -> dict[str, Any]:
         """vLLM's response kv_transfer_params for a finished do_remote_decode request."""
         return {
             "do_remote_prefill": True,
@@ -196,7 +196,7 @@ class PDConnector:
             "remote_prefill_cached_tokens": max(request.num_cached_tokens, 0),
         }
 
-    def hold_blocks(self, request: Request) -> None:
+    def hold_blocks(self, request: EngineRequest) -> None:
         """Keep a finished prefill's blocks for the decode engine, until read or lease expiry."""
         blocks = self.engine.kv.detach(request)
         bs = self.block_size
@@ -286,7 +286,7 @@ class PDConnector:
         return {"error": f"unknown op {op!r}"}
 
     # ------------------------------------------------------------------ decode side
-    def start_pull(self, request: Request, num_hit: int) -> None:
+    def start_pull(self, request: EngineRequest, num_hit: int) -> None:
         asyncio.get_running_loop().create_task(self._pull(request, num_hit))
 
     async def _request(self, host: str, port: int, message: dict[str, Any]) -> dict[str, Any]:
@@ -351,7 +351,7 @@ class PDConnector:
             self.remotes[remote.engine_id] = peer
             return peer
 
-    async def _pull(self, request: Request, num_hit: int) -> None:
+    async def _pull(self, request: EngineRequest, num_hit: int) -> None:
         engine = self.engine
         metrics = engine.metrics
         remote = request.remote_prefill
@@ -450,7 +450,7 @@ class PDConnector:
             agent.release_xfer_handle(handle)
         return size * len(local_ids), post_s, time.perf_counter() - t0
 
-    def _verify(self, request: Request, first: int, local_ids: list[int]) -> None:
+    def _verify(self, request: EngineRequest, first: int, local_ids: list[int]) -> None:
         """The pulled bytes must be the prefill engine's pattern for these prompt blocks."""
         bs = self.block_size
         wpb = self.words_per_block

@@ -36,7 +36,9 @@ class RemotePrefill:
 
 
 @dataclass(eq=False, slots=True)
-class Request:
+class EngineRequest:
+    """A request inside the engine (vLLM's own `Request`), apart from the HTTP request it serves."""
+
     request_id: str
     prompt_token_ids: list[int]
     max_tokens: int

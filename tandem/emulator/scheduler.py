@@ -14,10 +14,10 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import chain
-from typing import Any
 
+from tandem.common.metrics import Histogram
 from tandem.emulator.kv_cache import KVCacheManager
-from tandem.emulator.request import FinishReason, Request, Status
+from tandem.emulator.request import EngineRequest, FinishReason, Status
 
 # LCG constants (Numerical Recipes) for the deterministic output token stream.
 _LCG_A = 1664525
@@ -30,17 +30,17 @@ class Batch:
     """What one engine step computes: decodes (one token that completes the sequence, so one is
     sampled) and chunks (any other number of tokens: prefill chunks, recomputation)."""
 
-    decodes: list[Request] = field(default_factory=list)
-    chunks: list[Request] = field(default_factory=list)
+    decodes: list[EngineRequest] = field(default_factory=list)
+    chunks: list[EngineRequest] = field(default_factory=list)
     chunk_tokens: list[int] = field(default_factory=list)
     prefill_chunks: list[tuple[int, int]] = field(default_factory=list)  # (chunk_len, cached_ctx)
     decode_seqs: int = 0
     decode_context_tokens: int = 0
     total_tokens: int = 0
-    preempted: list[Request] = field(default_factory=list)
+    preempted: list[EngineRequest] = field(default_factory=list)
 
     @property
-    def requests(self) -> list[Request]:
+    def requests(self) -> list[EngineRequest]:
         return [*self.decodes, *self.chunks]
 
     @property
@@ -74,8 +74,8 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.output_ids = output_ids
         self.enable_chunked_prefill = enable_chunked_prefill
-        self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []
+        self.waiting: deque[EngineRequest] = deque()
+        self.running: list[EngineRequest] = []
         self.num_preemptions = 0
         self.num_speculative_tokens = num_speculative_tokens
         self.static_batching = static_batching
@@ -87,14 +87,14 @@ class Scheduler:
         self.spec_accepted_tokens = 0
         self.spec_accepted_per_pos = [0] * num_speculative_tokens
         # called when a remote-prefill request got its blocks: (request, local hit tokens)
-        self.on_remote_kv: Callable[[Request, int], None] | None = None
+        self.on_remote_kv: Callable[[EngineRequest, int], None] | None = None
         # called for every request that is scheduled for the first time
-        self.on_first_scheduled: Callable[[Request, int], None] | None = None
+        self.on_first_scheduled: Callable[[EngineRequest, int], None] | None = None
         # inter-token latency histogram (bounds, counts, total) filled by update()
-        self.itl: Any = None
+        self.itl: Histogram | None = None
 
     # ------------------------------------------------------------------ queue management
-    def add(self, request: Request) -> None:
+    def add(self, request: EngineRequest) -> None:
         self.waiting.append(request)
 
     def has_work(self) -> bool:
@@ -103,7 +103,7 @@ class Scheduler:
     def num_waiting_for_kv(self) -> int:
         return sum(1 for r in self.waiting if r.status is Status.WAITING_FOR_REMOTE_KVS)
 
-    def finish(self, request: Request, reason: FinishReason, free: bool = True) -> None:
+    def finish(self, request: EngineRequest, reason: FinishReason, free: bool = True) -> None:
         """Take a request out of the engine (finished, aborted or failed) and release its blocks."""
         if request.status is Status.FINISHED:
             return
@@ -190,7 +190,7 @@ class Scheduler:
         how many became running."""
         kv = self.kv
         waiting = self.waiting
-        skipped: list[Request] = []
+        skipped: list[EngineRequest] = []
         admitted = 0
         while waiting and budget > 0 and len(self.running) < max_running:
             request = waiting[0]
@@ -239,7 +239,7 @@ class Scheduler:
             waiting.extendleft(reversed(skipped))
         return admitted
 
-    def _finish_remote_kv(self, request: Request) -> None:
+    def _finish_remote_kv(self, request: EngineRequest) -> None:
         """The pulled prompt KV is in place: cache its full blocks and recompute only the last token."""
         request.status = Status.WAITING
         if self.kv.enable_caching:
@@ -247,7 +247,7 @@ class Scheduler:
         request.num_computed_tokens = request.num_prompt_tokens - 1
         request.remote_prefill = None
 
-    def _add_to_batch(self, batch: Batch, request: Request, num_new: int) -> None:
+    def _add_to_batch(self, batch: Batch, request: EngineRequest, num_new: int) -> None:
         """Add a request found by the slow path (the running loop's fast path appends decodes)."""
         computed = request.num_computed_tokens
         if num_new == 1 and computed + 1 == len(request.token_ids):
@@ -262,7 +262,7 @@ class Scheduler:
         else:
             batch.prefill_chunks.append((num_new, computed))
 
-    def _preempt(self, request: Request, batch: Batch) -> None:
+    def _preempt(self, request: EngineRequest, batch: Batch) -> None:
         self.kv.free(request)
         request.status = Status.PREEMPTED
         request.num_computed_tokens = 0
@@ -273,7 +273,7 @@ class Scheduler:
         self.waiting.appendleft(request)
         batch.preempted.append(request)
 
-    def _accepted_drafts(self, request: Request) -> int:
+    def _accepted_drafts(self, request: EngineRequest) -> int:
         """Drafted tokens accepted in one verify step: each of the k is accepted with the
         request's rate until the first rejection (the verified model's token replaces it)."""
         k = self.num_speculative_tokens
@@ -293,24 +293,24 @@ class Scheduler:
     # ------------------------------------------------------------------ after the step
     def update(
         self, batch: Batch, now: float = 0.0
-    ) -> tuple[list[Request], list[Request], list[Request]]:
+    ) -> tuple[list[EngineRequest], list[EngineRequest], list[EngineRequest]]:
         """Advance computed tokens and sample one token per request that reached its end.
 
         Stamps token times (`now`) and records inter-token gaps into `self.itl` (a histogram
-        with `bounds`, `counts`, `total`) in the same pass, to keep the per-step cost low.
+        with `bounds`, `counts`, `sum`) in the same pass, to keep the per-step cost low.
         Returns (requests that got a token, those that got their first one, those that finished).
         """
-        produced: list[Request] = []
-        first_tokens: list[Request] = []
-        finished: list[Request] = []
+        produced: list[EngineRequest] = []
+        first_tokens: list[EngineRequest] = []
+        finished: list[EngineRequest] = []
         output_ids = self.output_ids
         n_out = len(output_ids)
         max_len = self.max_model_len
         running_status = Status.RUNNING
         itl = self.itl
-        bounds, counts = (itl.bounds, itl.counts) if itl is not None else ([], [0])
+        bounds, counts = (itl.bounds, itl.counts) if itl is not None else ((), [0])
         gaps = 0.0
-        ready: list[Request] = []
+        ready: list[EngineRequest] = []
         for request, num_new in zip(batch.chunks, batch.chunk_tokens, strict=True):
             if request.status is running_status:
                 request.num_computed_tokens += num_new
@@ -360,7 +360,7 @@ class Scheduler:
             request.status = Status.FINISHED
             finished.append(request)
         if itl is not None:
-            itl.total += gaps
+            itl.sum += gaps
         if finished:
             self.running = [r for r in self.running if r.status is Status.RUNNING]
         return produced, first_tokens, finished

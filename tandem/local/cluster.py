@@ -63,15 +63,6 @@ class PortPool:
         self._held.clear()
 
 
-def free_port() -> int:
-    """A port free on 127.0.0.1 right now."""
-    ports = PortPool()
-    try:
-        return ports.take()
-    finally:
-        ports.release()
-
-
 def port_is_free(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

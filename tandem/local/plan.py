@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from tandem.common.roles import Role
 from tandem.local.devices import EngineNeed, Machine, assign_devices
 from tandem.operator.api import ServingCluster, pool_replicas
 from tandem.operator.render import (
     ENGINE_KEY_ENV,
     EnginePorts,
-    EngineRole,
     disaggregated,
     rendered_roles,
     router_config,
@@ -182,7 +182,7 @@ def engine_command(options: LocalOptions, args: list[str]) -> list[str]:
     return [*command, "--speedup", f"{options.speedup:g}", "--kv-events-bind-host", LOCALHOST]
 
 
-def _replicas(sc: ServingCluster, role: EngineRole, options: LocalOptions) -> int:
+def _replicas(sc: ServingCluster, role: Role, options: LocalOptions) -> int:
     override = options.prefill_replicas if role == "prefill" else options.decode_replicas
     return pool_replicas(sc, role) if override is None else override
 

@@ -23,13 +23,8 @@ from tandem.bench.main import finish, options_from_args, workload_from_args
 from tandem.bench.presets import PRESETS, WorkloadSpec
 from tandem.bench.records import BenchRecord
 from tandem.bench.runner import Target, run_target
-from tandem.local.cluster import (
-    DEFAULT_PROFILE,
-    LocalCluster,
-    free_port,
-    load_cluster,
-    port_is_free,
-)
+from tandem.common.ports import free_port
+from tandem.local.cluster import DEFAULT_PROFILE, LocalCluster, load_cluster, port_is_free
 from tandem.local.devices import DeviceError, probe_machine
 from tandem.local.plan import LocalOptions, LocalPlan
 from tandem.local.supervisor import StartupError

@@ -20,6 +20,13 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from tandem import __version__
+from tandem.common.roles import Role
+from tandem.common.routing import (
+    AdmissionConfig,
+    DisaggregationConfig,
+    ScoringConfig,
+    TimeoutConfig,
+)
 
 GROUP = "tandem.dev"
 VERSION = "v1alpha1"
@@ -345,60 +352,6 @@ class PoolSpec(_Model):
     uid/gid/fsGroup 1000, seccomp RuntimeDefault)."""
 
 
-class ScoringSpec(_Model):
-    """Router scorer weights: an endpoint's score is the weighted sum of its scorer values."""
-
-    prefix_weight: float = Field(3.0, ge=0, alias="prefixWeight")
-    """Weight of the prefix-cache hit fraction."""
-    queue_weight: float = Field(2.0, ge=0, alias="queueWeight")
-    """Weight of the (inverted) queue depth."""
-    kv_usage_weight: float = Field(1.0, ge=0, alias="kvUsageWeight")
-    """Weight of the (inverted) KV-cache usage."""
-    load_bound_factor: float = Field(1.5, ge=1, alias="loadBoundFactor")
-    """An endpoint above this multiple of the pool's mean load (+1) is skipped."""
-
-
-class DisaggregationSpec(_Model):
-    """When a request is prefilled on a prefill pod first."""
-
-    mode: Literal["auto", "always", "never"] = "auto"
-    """auto: by uncached prompt length; always: every request; never: decode pods only (no prefill
-    pool is rendered)."""
-    min_uncached_tokens: int = Field(256, ge=0, alias="minUncachedTokens")
-    """In auto mode, prompts with fewer uncached tokens go straight to a decode pod."""
-    max_prefill_queue: int = Field(32, ge=1, alias="maxPrefillQueue")
-    """In auto mode, when every prefill pod has this many requests queued, decode pods prefill
-    locally instead of waiting."""
-
-
-class AdmissionSpec(_Model):
-    """The router's bounded queue; a full queue answers 429 with Retry-After."""
-
-    max_queue: int = Field(512, ge=1, alias="maxQueue")
-    """Requests that may wait for a slot."""
-    max_in_flight: int = Field(1024, ge=1, alias="maxInFlight")
-    """Requests in flight across all engines before new ones wait."""
-    priority_header: str = Field("x-priority", alias="priorityHeader", min_length=1)
-    """Request header carrying a priority (higher first)."""
-    session_header: str = Field("x-session-id", alias="sessionHeader", min_length=1)
-    """Request header carrying a session id (session affinity)."""
-    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, alias="maxBodyBytes")
-    """Largest accepted request body."""
-
-
-class RouterTimeoutsSpec(_Model):
-    """Per-request limits of the router, in seconds."""
-
-    connect_seconds: float = Field(2.0, gt=0, alias="connectSeconds")
-    """Connecting to an engine."""
-    prefill_seconds: float = Field(120.0, gt=0, alias="prefillSeconds")
-    """A whole prefill request."""
-    decode_idle_seconds: float = Field(60.0, gt=0, alias="decodeIdleSeconds")
-    """Longest silence between two chunks of a decode stream."""
-    request_seconds: float = Field(600.0, gt=0, alias="requestSeconds")
-    """A whole request, admission queue included."""
-
-
 class RouterServiceSpec(_Model):
     """The router's Service (the endpoint clients use)."""
 
@@ -444,13 +397,13 @@ class RouterSpec(_Model):
         "IfNotPresent", alias="imagePullPolicy"
     )
     """When the kubelet pulls the image."""
-    scoring: ScoringSpec = Field(default_factory=ScoringSpec)
+    scoring: ScoringConfig = Field(default_factory=ScoringConfig)
     """Scorer weights."""
-    disaggregation: DisaggregationSpec = Field(default_factory=DisaggregationSpec)
+    disaggregation: DisaggregationConfig = Field(default_factory=DisaggregationConfig)
     """Prefill/decode split policy."""
-    admission: AdmissionSpec = Field(default_factory=AdmissionSpec)
+    admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
     """Queueing and request limits."""
-    timeouts: RouterTimeoutsSpec = Field(default_factory=RouterTimeoutsSpec)
+    timeouts: TimeoutConfig = Field(default_factory=TimeoutConfig)
     """Request timeouts."""
     metrics_scrape_interval_seconds: float = Field(0.5, gt=0, alias="metricsScrapeIntervalSeconds")
     """How often the router reads each engine's /metrics (queue depth, KV usage)."""
@@ -919,7 +872,7 @@ def load_manifest(path: str | Path) -> ServingCluster:
     return parse_manifest(documents[0])
 
 
-def pool_replicas(sc: ServingCluster, role: Literal["prefill", "decode"]) -> int:
+def pool_replicas(sc: ServingCluster, role: Role) -> int:
     """Replicas a pool should run.
 
     Autoscaling off: spec.<pool>.replicas. On: status.autoscaling.<pool>.replicas when the

@@ -21,7 +21,8 @@ from tandem.operator.crd import field_default, model_classes
 
 INTRO = f"""# ServingCluster API reference ({API_VERSION})
 
-Generated from `tandem/operator/api.py` by `tandem crd --docs`; do not edit by hand.
+Generated from `tandem/operator/api.py` and `tandem/common/routing.py` (the router policy the
+router reads as it is) by `tandem crd --docs`; do not edit by hand.
 
 A `{KIND}` turns one model into a prefill pool, a decode pool and a KV-aware router. Every field
 below is optional unless marked **required**; defaults are applied by the API server (the CRD

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 import kopf
 
+from tandem.common.roles import LABEL_CLUSTER
 from tandem.operator import metrics
 from tandem.operator.api import (
     API_VERSION,
@@ -32,20 +33,19 @@ from tandem.operator.api import (
     ServingClusterStatus,
     parse_manifest,
 )
+from tandem.operator.kinds import CHILD_KINDS
 from tandem.operator.kube import Kube, KubeError
 from tandem.operator.ownership import Dependency, dependencies, foreign_owner
-from tandem.operator.reconcile import (
-    PRUNABLE_KINDS,
+from tandem.operator.reconcile_plan import (
     ObjectKey,
     children_selector,
     stale_children,
     with_owner,
 )
 from tandem.operator.render import (
-    LABEL_CLUSTER,
     LABEL_MANAGED_BY,
     MANAGED_BY,
-    Role,
+    Component,
     child_name,
     engine_key_secret,
     engine_key_secret_name,
@@ -130,11 +130,11 @@ def apply_children(kube: Kube, body: Mapping[str, Any], sc: ServingCluster) -> A
         outcome.applied.append(key)
     existing: list[dict[str, Any]] = []
     selector = children_selector(sc.name)
-    for api_version, kind in PRUNABLE_KINDS:
-        if not _served(kube, api_version, kind):
+    for kind in CHILD_KINDS:
+        if not _served(kube, kind.api_version, kind.kind):
             continue
         try:
-            existing += kube.list(api_version, kind, sc.namespace, selector)
+            existing += kube.list(kind.api_version, kind.kind, sc.namespace, selector)
         except KubeError as exc:
             if exc.status != 403:
                 raise
@@ -213,7 +213,7 @@ def reconcile_blockers(
     return blockers
 
 
-def read_deployments(kube: Kube, sc: ServingCluster) -> dict[Role, dict[str, Any] | None]:
+def read_deployments(kube: Kube, sc: ServingCluster) -> dict[Component, dict[str, Any] | None]:
     return {
         role: kube.get("apps/v1", "Deployment", sc.namespace, child_name(sc, role))
         for role in component_roles(sc)

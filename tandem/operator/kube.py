@@ -16,28 +16,9 @@ from typing import Any
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 
-FIELD_MANAGER = "tandem-operator"
+from tandem.operator.kinds import PLURALS
 
-# kind -> plural, for every kind the operator reads or writes (all namespaced).
-PLURALS: dict[str, str] = {
-    "ServiceAccount": "serviceaccounts",
-    "Role": "roles",
-    "RoleBinding": "rolebindings",
-    "ConfigMap": "configmaps",
-    "Service": "services",
-    "Deployment": "deployments",
-    "PodDisruptionBudget": "poddisruptionbudgets",
-    "NetworkPolicy": "networkpolicies",
-    "ServiceMonitor": "servicemonitors",
-    "PodMonitor": "podmonitors",
-    "HorizontalPodAutoscaler": "horizontalpodautoscalers",
-    "ScaledObject": "scaledobjects",
-    "ServingCluster": "servingclusters",
-    "Pod": "pods",
-    "Event": "events",
-    "Secret": "secrets",
-    "PersistentVolumeClaim": "persistentvolumeclaims",
-}
+FIELD_MANAGER = "tandem-operator"
 
 
 class KubeError(Exception):

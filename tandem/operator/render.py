@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from tandem.common.roles import LABEL_CLUSTER, LABEL_ROLE, ROLES, Role
 from tandem.operator.api import (
     EngineSpec,
     EnvVar,
@@ -24,20 +25,15 @@ from tandem.operator.api import (
 )
 from tandem.operator.tokenizer import router_tokenizer, tokenizer_pod_parts
 from tandem.router.config import (
-    AdmissionConfig,
     AuthConfig,
-    DisaggregationConfig,
     KubernetesDiscovery,
     RouterConfig,
-    ScoringConfig,
     StaticDiscovery,
-    TimeoutConfig,
     TrustConfig,
 )
 
-EngineRole = Literal["prefill", "decode"]
-Role = Literal["prefill", "decode", "router"]
-ENGINE_ROLES: tuple[EngineRole, ...] = ("prefill", "decode")
+# What a child object belongs to: one of the engine pools, or the router.
+Component = Literal["prefill", "decode", "router"]
 
 # Ports of every engine pod (fixed so the router, monitors and policies agree without lookups).
 HTTP_PORT = 8000
@@ -60,8 +56,6 @@ LABEL_NAME = "app.kubernetes.io/name"
 LABEL_INSTANCE = "app.kubernetes.io/instance"
 LABEL_COMPONENT = "app.kubernetes.io/component"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
-LABEL_CLUSTER = "tandem.dev/cluster"
-LABEL_ROLE = "tandem.dev/role"
 MANAGED_BY = "tandem-operator"
 ANNOTATION_CONFIG_HASH = "tandem.dev/config-hash"
 # uid of the engine key Secret on pod templates: a replaced Secret (a new key) rolls the pods.
@@ -108,16 +102,16 @@ def common_labels(sc: ServingCluster) -> dict[str, str]:
     }
 
 
-def selector_labels(sc: ServingCluster, role: Role) -> dict[str, str]:
+def selector_labels(sc: ServingCluster, role: Component) -> dict[str, str]:
     """The immutable Deployment selector of one component."""
     return {LABEL_CLUSTER: sc.name, LABEL_ROLE: role}
 
 
-def role_labels(sc: ServingCluster, role: Role) -> dict[str, str]:
+def role_labels(sc: ServingCluster, role: Component) -> dict[str, str]:
     return {**common_labels(sc), LABEL_COMPONENT: role, LABEL_ROLE: role}
 
 
-def _meta(sc: ServingCluster, name: str, role: Role | None) -> dict[str, Any]:
+def _meta(sc: ServingCluster, name: str, role: Component | None) -> dict[str, Any]:
     meta: dict[str, Any] = {
         "name": name,
         "namespace": sc.namespace,
@@ -137,8 +131,8 @@ def disaggregated(sc: ServingCluster) -> bool:
     return sc.spec.router.disaggregation.mode != "never"
 
 
-def rendered_roles(sc: ServingCluster) -> tuple[EngineRole, ...]:
-    return ENGINE_ROLES if disaggregated(sc) else ("decode",)
+def rendered_roles(sc: ServingCluster) -> tuple[Role, ...]:
+    return ROLES if disaggregated(sc) else ("decode",)
 
 
 def endpoint(sc: ServingCluster) -> str:
@@ -149,7 +143,7 @@ def endpoint(sc: ServingCluster) -> str:
 # --- engines -----------------------------------------------------------------------------------
 
 
-def kv_transfer_config(sc: ServingCluster, role: EngineRole) -> dict[str, Any]:
+def kv_transfer_config(sc: ServingCluster, role: Role) -> dict[str, Any]:
     """vLLM's --kv-transfer-config: prefill produces KV blocks, decode consumes them. A decode
     engine whose KV pull fails (prefill pod gone, handshake timed out) recomputes the prompt
     itself (`kv_load_failure_policy: recompute`) instead of failing the request (vLLM's default)."""
@@ -179,12 +173,12 @@ def kv_events_config(ports: EnginePorts = POD_PORTS) -> dict[str, Any]:
     }
 
 
-def _pool(sc: ServingCluster, role: EngineRole) -> PoolSpec:
+def _pool(sc: ServingCluster, role: Role) -> PoolSpec:
     pool: PoolSpec = getattr(sc.spec, role)
     return pool
 
 
-def vllm_args(sc: ServingCluster, role: EngineRole, ports: EnginePorts = POD_PORTS) -> list[str]:
+def vllm_args(sc: ServingCluster, role: Role, ports: EnginePorts = POD_PORTS) -> list[str]:
     """The arguments after `vllm serve` of one pool: the model first, then flags."""
     spec = sc.spec
     model, engine, pool = spec.model, spec.engine, _pool(sc, role)
@@ -256,7 +250,7 @@ def merge_env(*layers: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def vllm_env(
-    sc: ServingCluster, role: EngineRole, ports: EnginePorts = POD_PORTS
+    sc: ServingCluster, role: Role, ports: EnginePorts = POD_PORTS
 ) -> list[dict[str, Any]]:
     """Environment of one pool's engine container (core/v1 EnvVar dicts)."""
     spec = sc.spec
@@ -396,7 +390,7 @@ def _engine_volumes(
     return volumes, mounts
 
 
-def engine_deployment(sc: ServingCluster, role: EngineRole) -> dict[str, Any]:
+def engine_deployment(sc: ServingCluster, role: Role) -> dict[str, Any]:
     spec = sc.spec
     engine, pool = spec.engine, _pool(sc, role)
     probes = pool.probes or engine.probes
@@ -460,7 +454,7 @@ def engine_deployment(sc: ServingCluster, role: EngineRole) -> dict[str, Any]:
     }
 
 
-def engine_service(sc: ServingCluster, role: EngineRole) -> dict[str, Any]:
+def engine_service(sc: ServingCluster, role: Role) -> dict[str, Any]:
     """Headless Service of one pool: stable DNS for its pods (the router itself watches Pods)."""
     return {
         "apiVersion": "v1",
@@ -482,7 +476,7 @@ def engine_service(sc: ServingCluster, role: EngineRole) -> dict[str, Any]:
     }
 
 
-def disruption_budget(sc: ServingCluster, role: Role) -> dict[str, Any]:
+def disruption_budget(sc: ServingCluster, role: Component) -> dict[str, Any]:
     """At most one pod of a component down at a time from voluntary disruptions (drains)."""
     return {
         "apiVersion": "policy/v1",
@@ -518,12 +512,10 @@ def router_config(
         block_size=spec.engine.block_size,
         hash_algo=spec.engine.hash_algo,
         hash_seed=spec.engine.hash_seed,
-        scoring=ScoringConfig.model_validate(router.scoring.model_dump(by_alias=True)),
-        disaggregation=DisaggregationConfig.model_validate(
-            router.disaggregation.model_dump(by_alias=True)
-        ),
-        admission=AdmissionConfig.model_validate(router.admission.model_dump(by_alias=True)),
-        timeouts=TimeoutConfig.model_validate(router.timeouts.model_dump(by_alias=True)),
+        scoring=router.scoring,
+        disaggregation=router.disaggregation,
+        admission=router.admission,
+        timeouts=router.timeouts,
         kubernetes=None
         if static
         else KubernetesDiscovery(
@@ -718,7 +710,7 @@ def router_admin_service(sc: ServingCluster) -> dict[str, Any]:
 def _engine_selector(sc: ServingCluster) -> dict[str, Any]:
     return {
         "matchLabels": {LABEL_CLUSTER: sc.name},
-        "matchExpressions": [{"key": LABEL_ROLE, "operator": "In", "values": list(ENGINE_ROLES)}],
+        "matchExpressions": [{"key": LABEL_ROLE, "operator": "In", "values": list(ROLES)}],
     }
 
 
@@ -734,7 +726,7 @@ def monitors(sc: ServingCluster) -> list[dict[str, Any]]:
     # The router serves /metrics on its admin port only (the NAME-router-admin Service's).
     router_endpoint = {**endpoint_, "port": "admin"}
 
-    def meta(name: str, role: Role | None) -> dict[str, Any]:
+    def meta(name: str, role: Component | None) -> dict[str, Any]:
         meta_ = _meta(sc, name, role)
         meta_["labels"] = {**meta_["labels"], **monitoring.labels}
         return meta_
@@ -765,7 +757,7 @@ def monitors(sc: ServingCluster) -> list[dict[str, Any]]:
     ]
 
 
-def _pods(sc: ServingCluster, *roles: Role) -> dict[str, Any]:
+def _pods(sc: ServingCluster, *roles: Component) -> dict[str, Any]:
     """A peer: this cluster's pods of `roles`, in its own namespace."""
     if len(roles) == 1:
         return {"podSelector": {"matchLabels": selector_labels(sc, roles[0])}}
@@ -809,7 +801,7 @@ def _egress_to(to: list[dict[str, Any]], ports: list[int]) -> list[dict[str, Any
 def _policy(
     sc: ServingCluster,
     name: str,
-    role: Role | None,
+    role: Component | None,
     selector: dict[str, Any],
     ingress: list[dict[str, Any]],
     egress: list[dict[str, Any]],

@@ -15,7 +15,7 @@ from tandem.operator.api import (
     ServingClusterStatus,
     pool_replicas,
 )
-from tandem.operator.render import Role, endpoint, rendered_roles
+from tandem.operator.render import Component, endpoint, rendered_roles
 from tandem.operator.tokenizer import router_tokenizer
 
 Phase = Literal["Pending", "Progressing", "Ready", "Degraded"]
@@ -29,7 +29,7 @@ BLOCKER_REASONS = ("Conflict", "DependencyMissing", "ReconcileFailed")
 _ROLLING_REASONS = {"NewReplicaSetCreated", "FoundNewReplicaSet", "ReplicaSetUpdated"}
 
 
-class PoolState(StrEnum):
+class DeploymentState(StrEnum):
     """Where one component's Deployment stands."""
 
     MISSING = "missing"  # not created yet
@@ -42,8 +42,8 @@ class PoolState(StrEnum):
 
 @dataclass(frozen=True)
 class PoolHealth:
-    role: Role
-    state: PoolState
+    role: Component
+    state: DeploymentState
     status: PoolStatus
     detail: str = ""
 
@@ -71,22 +71,29 @@ def pool_status(deployment: Mapping[str, Any] | None, desired: int | None = None
     )
 
 
-def pool_health(role: Role, deployment: Mapping[str, Any] | None, desired: int = 0) -> PoolHealth:
-    """Classify one Deployment (see PoolState); `desired` counts a Deployment not created yet."""
+def pool_health(
+    role: Component, deployment: Mapping[str, Any] | None, desired: int = 0
+) -> PoolHealth:
+    """Classify one Deployment (see DeploymentState); `desired` counts a Deployment not created yet."""
     status = pool_status(deployment, desired if deployment is None else None)
     if deployment is None:
-        return PoolHealth(role, PoolState.MISSING, status, f"{role} Deployment not created yet")
+        return PoolHealth(
+            role, DeploymentState.MISSING, status, f"{role} Deployment not created yet"
+        )
     observed = deployment.get("status", {})
     progressing = _condition(deployment, "Progressing")
     failure = _condition(deployment, "ReplicaFailure")
     if progressing and progressing.get("reason") == "ProgressDeadlineExceeded":
         return PoolHealth(
-            role, PoolState.FAILED, status, f"{role}: {progressing.get('message', 'rollout stuck')}"
+            role,
+            DeploymentState.FAILED,
+            status,
+            f"{role}: {progressing.get('message', 'rollout stuck')}",
         )
     if failure and failure.get("status") == "True":
         return PoolHealth(
             role,
-            PoolState.FAILED,
+            DeploymentState.FAILED,
             status,
             f"{role}: {failure.get('message', 'pods cannot be created')}",
         )
@@ -99,29 +106,29 @@ def pool_health(role: Role, deployment: Mapping[str, Any] | None, desired: int =
         or (progressing is not None and progressing.get("reason") in _ROLLING_REASONS)
     )
     if status.ready >= status.desired and not rolling:
-        return PoolHealth(role, PoolState.READY, status)
+        return PoolHealth(role, DeploymentState.READY, status)
     if rolling:
         return PoolHealth(
-            role, PoolState.ROLLING, status, f"{role} {status.summary} ready, rolling out"
+            role, DeploymentState.ROLLING, status, f"{role} {status.summary} ready, rolling out"
         )
     available = _condition(deployment, "Available")
     if available is not None and available.get("status") == "False":
         return PoolHealth(
             role,
-            PoolState.SHORT,
+            DeploymentState.SHORT,
             status,
             f"{role} {status.summary} ready, below minimum availability",
         )
     return PoolHealth(
-        role, PoolState.SCALING, status, f"{role} {status.summary} ready, pods starting"
+        role, DeploymentState.SCALING, status, f"{role} {status.summary} ready, pods starting"
     )
 
 
-def component_roles(sc: ServingCluster) -> tuple[Role, ...]:
+def component_roles(sc: ServingCluster) -> tuple[Component, ...]:
     return (*rendered_roles(sc), "router")
 
 
-def desired_replicas(sc: ServingCluster, role: Role) -> int:
+def desired_replicas(sc: ServingCluster, role: Component) -> int:
     return sc.spec.router.replicas if role == "router" else pool_replicas(sc, role)
 
 
@@ -149,9 +156,9 @@ def phase_of(healths: list[PoolHealth], apply_error: str | None) -> Phase:
     Pending: no pod ready anywhere yet (children missing or engines still loading the model).
     Progressing: otherwise (rolling out or scaling)."""
     states = {h.state for h in healths}
-    if apply_error or PoolState.FAILED in states or PoolState.SHORT in states:
+    if apply_error or DeploymentState.FAILED in states or DeploymentState.SHORT in states:
         return "Degraded"
-    if states <= {PoolState.READY}:
+    if states <= {DeploymentState.READY}:
         return "Ready"
     if all(h.status.ready == 0 for h in healths):
         return "Pending"
@@ -176,10 +183,10 @@ def conditions_for(
     """type → (status, reason, message) of the conditions this module owns: Ready, Progressing,
     Degraded, ExactTokenization, and ScalingLimited while autoscaling is off."""
     summary = ", ".join(f"{h.role} {h.status.summary}" for h in healths)
-    failed = [h.detail for h in healths if h.state == PoolState.FAILED]
-    short = [h.detail for h in healths if h.state == PoolState.SHORT]
-    rolling = [h for h in healths if h.state in {PoolState.ROLLING, PoolState.MISSING}]
-    scaling = [h for h in healths if h.state == PoolState.SCALING]
+    failed = [h.detail for h in healths if h.state == DeploymentState.FAILED]
+    short = [h.detail for h in healths if h.state == DeploymentState.SHORT]
+    rolling = [h for h in healths if h.state in {DeploymentState.ROLLING, DeploymentState.MISSING}]
+    scaling = [h for h in healths if h.state == DeploymentState.SCALING]
     out: dict[str, tuple[str, str, str]] = {}
     if phase == "Ready":
         out["Ready"] = ("True", "AllPodsReady", f"all pools ready: {summary}")
@@ -261,7 +268,7 @@ def merge_conditions(
 
 def aggregate_status(
     sc: ServingCluster,
-    deployments: Mapping[Role, Mapping[str, Any] | None],
+    deployments: Mapping[Component, Mapping[str, Any] | None],
     now: str,
     apply_error: str | None = None,
     observed_generation: int | None = None,

@@ -1,8 +1,9 @@
-"""The router's configuration: one pydantic model shared by `tandem router`, the operator and `tandem up`.
+"""The router's configuration file: one model shared by `tandem router`, the operator and `tandem up`.
 
 The operator renders this model into the router's ConfigMap (`router.yaml`); `tandem up` builds it
 directly; the router loads it with `RouterConfig.from_yaml_file`. It lives with the router because
-the data path must never import control-plane code.
+the data path must never import control-plane code; its policy parts (scoring, disaggregation,
+admission, timeouts) are `tandem.common.routing`'s, which a ServingCluster carries unchanged.
 """
 
 from __future__ import annotations
@@ -13,65 +14,16 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from tandem.common.routing import (
+    AdmissionConfig,
+    DisaggregationConfig,
+    ScoringConfig,
+    TimeoutConfig,
+)
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
-
-
-class ScoringConfig(_Strict):
-    """Weights of the endpoint scorers; an endpoint's score is the weighted sum of its scorer values."""
-
-    prefix_weight: float = Field(3.0, ge=0, alias="prefixWeight")
-    queue_weight: float = Field(2.0, ge=0, alias="queueWeight")
-    kv_usage_weight: float = Field(1.0, ge=0, alias="kvUsageWeight")
-    # Pull new prefixes towards engines whose cache the index knows least about.
-    spread_weight: float = Field(0.5, ge=0, alias="spreadWeight")
-    # How much a decoding request counts in an engine's load, relative to a queued one.
-    running_weight: float = Field(0.25, ge=0, le=1, alias="runningWeight")
-    # An endpoint whose load exceeds `load_bound_factor` x the pool's mean load (+1) is not a
-    # candidate, so a hot prefix cannot pile every request onto one pod.
-    load_bound_factor: float = Field(1.5, ge=1.0, alias="loadBoundFactor")
-    # ... plus this many requests: a lightly loaded pool should not pay a prefix miss to move one.
-    load_bound_slack: float = Field(1.0, ge=0, alias="loadBoundSlack")
-
-
-class DisaggregationConfig(_Strict):
-    """When a request goes through a prefill pod first (P/D) or straight to a decode pod."""
-
-    mode: Literal["auto", "always", "never"] = "auto"
-    # In auto mode, prompts with fewer uncached tokens than this are prefilled on the decode pod.
-    min_uncached_tokens: int = Field(256, ge=0, alias="minUncachedTokens")
-    # In auto mode, when every prefill pod has at least this load (`Engine.load`: queued requests
-    # plus a fraction of running ones), the decode pod prefills locally instead of waiting.
-    max_prefill_queue: int = Field(32, ge=1, alias="maxPrefillQueue")
-
-
-class AdmissionConfig(_Strict):
-    """Bounded waiting queue with priorities; a full queue answers 429 with Retry-After."""
-
-    max_queue: int = Field(512, ge=1, alias="maxQueue")
-    # Requests in flight across all upstreams before new ones wait in the admission queue.
-    max_in_flight: int = Field(1024, ge=1, alias="maxInFlight")
-    priority_header: str = Field("x-priority", alias="priorityHeader")
-    session_header: str = Field("x-session-id", alias="sessionHeader")
-    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, alias="maxBodyBytes")
-    # Waiting requests allowed per priority level (the admission queue is bounded per level).
-    max_queue_per_priority: int | None = Field(None, ge=1, alias="maxQueuePerPriority")
-    # Sessions remembered for affinity (least recently used forgotten first).
-    max_sessions: int = Field(65536, ge=1, alias="maxSessions")
-    # ... and the bytes their ids and engine names may take together.
-    max_session_bytes: int = Field(16 * 1024 * 1024, ge=1024, alias="maxSessionBytes")
-
-
-class TimeoutConfig(_Strict):
-    """Per-request limits, in seconds."""
-
-    connect_s: float = Field(2.0, gt=0, alias="connectSeconds")
-    prefill_s: float = Field(120.0, gt=0, alias="prefillSeconds")
-    # Longest silence allowed between two chunks of a decode stream.
-    decode_idle_s: float = Field(60.0, gt=0, alias="decodeIdleSeconds")
-    # Whole request, admission queue included.
-    request_s: float = Field(600.0, gt=0, alias="requestSeconds")
 
 
 class HttpLimits(_Strict):

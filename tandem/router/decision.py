@@ -10,7 +10,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from tandem.router.config import DisaggregationConfig, RouterConfig
+from tandem.common.routing import DisaggregationConfig
+from tandem.router.config import RouterConfig
 from tandem.router.engines import Engine
 from tandem.router.scoring import Choice, score_engines
 

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
 
-Role = Literal["prefill", "decode"]
+from tandem.common.roles import Role
 
 
 @dataclass(eq=False)

@@ -19,8 +19,8 @@ import msgspec
 import zmq
 import zmq.asyncio
 
+from tandem.common.block_hash import BlockHasher
 from tandem.router.blocks import block_keys, salted_parent
-from tandem.router.hashing import BlockHasher
 from tandem.router.index import PrefixIndex
 from tandem.router.metrics import RouterMetrics
 

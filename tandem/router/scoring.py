@@ -6,7 +6,7 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from tandem.router.config import ScoringConfig
+from tandem.common.routing import ScoringConfig
 from tandem.router.engines import Engine
 from tandem.router.scorers.kv_usage import kv_usage_score
 from tandem.router.scorers.load_bound import within_load_bound

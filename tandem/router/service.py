@@ -16,12 +16,12 @@ import msgspec
 import zmq.asyncio
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from tandem.common.block_hash import BlockHasher
 from tandem.router.config import RouterConfig
 from tandem.router.discovery.kubernetes import PodWatcher
 from tandem.router.discovery.static import static_engines
 from tandem.router.engines import Engine
 from tandem.router.errors import error_body
-from tandem.router.hashing import BlockHasher
 from tandem.router.httpserver import HttpServer, Request, Responder
 from tandem.router.kv_events import EngineBlockMap, KvEventSubscriber
 from tandem.router.monitor import EngineMonitor

@@ -15,7 +15,8 @@ from typing import Any
 
 import httpx
 import yaml
-from tandem_process import free_port
+
+from tandem.common.ports import free_port
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 

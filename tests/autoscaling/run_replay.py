@@ -5,12 +5,13 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from tandem.operator.autoscaling.decision import Decision, PoolState, decide
-from tandem.operator.autoscaling.policy import Pool, PoolPolicy
+from tandem.common.roles import Role
+from tandem.operator.autoscaling.decision import Decision, ScalingMemory, decide
+from tandem.operator.autoscaling.policy import PoolPolicy
 from tandem.operator.autoscaling.signals import PoolSignals
 
 
-def recorded_signals(pool: Pool, status: Mapping[str, Any]) -> PoolSignals | None:
+def recorded_signals(pool: Role, status: Mapping[str, Any]) -> PoolSignals | None:
     observed = status.get("observed")
     if status.get("decision") == "MetricsUnavailable" or not observed:
         return None
@@ -34,7 +35,7 @@ def replay(
     start = next(
         (i for i, row in enumerate(rows) if row[pool].get("decision") == "MetricsUnavailable"), 0
     )
-    state = PoolState()
+    state = ScalingMemory()
     for row in rows[start:]:
         status = row[pool]
         decision, state = decide(

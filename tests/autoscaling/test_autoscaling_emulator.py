@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 from load_generator import drive
 from prometheus_process import PrometheusProcess, running_prometheus, static_job
-from tandem_process import TandemProcess, free_port
+from tandem_process import TandemProcess
 
-from tandem.operator.autoscaling.decision import PoolState, decide
+from tandem.common.ports import free_port
+from tandem.operator.autoscaling.decision import ScalingMemory, decide
 from tandem.operator.autoscaling.policy import pool_policies
 from tandem.operator.autoscaling.prometheus import PrometheusClient
 from tandem.operator.autoscaling.queries import PoolSelector, read_pool_signals
@@ -93,8 +94,8 @@ async def test_prefill_overload_scales_prefill_and_not_decode(
     assert decode.latency_s is not None
     assert decode.latency_s < 0.05, decode
 
-    grow, _ = decide(POLICIES["prefill"], prefill, current=1, ready=1, state=PoolState(), now=0)
+    grow, _ = decide(POLICIES["prefill"], prefill, current=1, ready=1, state=ScalingMemory(), now=0)
     assert grow.reason == "ScaledUp"
     assert grow.desired >= 2
-    keep, _ = decide(POLICIES["decode"], decode, current=1, ready=1, state=PoolState(), now=0)
+    keep, _ = decide(POLICIES["decode"], decode, current=1, ready=1, state=ScalingMemory(), now=0)
     assert keep.desired == 1

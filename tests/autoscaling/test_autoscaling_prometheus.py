@@ -19,9 +19,9 @@ from kubernetes import client as k8s
 from pod_discovery import pod_targets, serve_targets
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_process import PrometheusProcess, engine_pods_job, running_prometheus
-from tandem_process import free_port
 
-from tandem.operator.autoscaling.decision import PoolState, decide
+from tandem.common.ports import free_port
+from tandem.operator.autoscaling.decision import ScalingMemory, decide
 from tandem.operator.autoscaling.policy import PoolPolicy
 from tandem.operator.autoscaling.prometheus import PrometheusClient, PrometheusUnavailable
 from tandem.operator.autoscaling.queries import PoolSelector, pool_queries, read_pool_signals
@@ -236,10 +236,10 @@ async def test_loaded_pools_give_the_expected_aggregates_and_decisions(
     assert decode.latency_s == pytest.approx(0.0475, abs=0.001)
     assert decode.kv_usage == pytest.approx(0.95)
 
-    decision, _ = decide(POLICY, prefill, current=2, ready=2, state=PoolState(), now=0)
+    decision, _ = decide(POLICY, prefill, current=2, ready=2, state=ScalingMemory(), now=0)
     # TTFT 2.35/0.8 -> ceil(2 x 2.94) = 6; waiting 6/replica vs 2 -> 6; step cap max(4, 6) = 6.
     assert (decision.reason, decision.desired) == ("ScaledUp", 6)
-    decision, _ = decide(DECODE, decode, current=2, ready=2, state=PoolState(), now=0)
+    decision, _ = decide(DECODE, decode, current=2, ready=2, state=ScalingMemory(), now=0)
     # ITL 0.0475 is within 10 % of 0.05 (holds 2); KV 0.95/0.85 -> ceil(2.24) = 3.
     assert decision.signals == {"latency": 2, "kvUsage": 3}
     assert decision.desired == 3

@@ -6,10 +6,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tandem_process import TandemProcess, free_port
+from tandem_process import TandemProcess
 
 from tandem.bench.main import main
 from tandem.bench.records import BenchRecord
+from tandem.common.ports import free_port
 
 pytestmark = pytest.mark.timeout(120)
 

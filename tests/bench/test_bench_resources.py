@@ -8,12 +8,13 @@ from pathlib import Path
 
 import httpx
 import pytest
-from tandem_process import TandemProcess, free_port
+from tandem_process import TandemProcess
 
 from tandem.bench.main import main
 from tandem.bench.records import BenchRecord, SampleRecord
 from tandem.bench.resources import first_saturated, summarize_resources
 from tandem.bench.sampler import flatten
+from tandem.common.ports import free_port
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -15,9 +15,10 @@ import httpx
 import msgspec
 import pytest
 import zmq
-from emu_harness import GOLDEN, MODEL_DIR, emulator, free_port, needs_golden
+from emu_harness import GOLDEN, MODEL_DIR, emulator, needs_golden
 
-from tandem.emulator.hashing import chain_digests, event_hash, hash_function, none_hash
+from tandem.common.block_hash import chain_digests, event_hash, hash_function, none_hash
+from tandem.common.ports import free_port
 from tandem.emulator.kv_events import encode_batch
 
 pytestmark = [needs_golden, pytest.mark.timeout(60)]

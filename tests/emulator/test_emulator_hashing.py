@@ -7,7 +7,7 @@ import json
 import pytest
 from emu_harness import GOLDEN, needs_golden
 
-from tandem.emulator.hashing import (
+from tandem.common.block_hash import (
     DEFAULT_NONE_HASH_SEED,
     block_digest,
     chain_digests,

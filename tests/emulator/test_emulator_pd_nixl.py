@@ -18,12 +18,13 @@ from emu_harness import (
     TINY_ARGS,
     Emulator,
     emulator,
-    free_port,
     golden_json,
     metric_value,
     needs_golden,
     shape,
 )
+
+from tandem.common.ports import free_port
 
 pytestmark = [needs_golden, pytest.mark.nixl, pytest.mark.timeout(90)]
 

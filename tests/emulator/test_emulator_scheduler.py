@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from tandem.emulator.hashing import hash_function, none_hash
+from tandem.common.block_hash import hash_function, none_hash
 from tandem.emulator.kv_cache import KVCacheManager
 from tandem.emulator.profile import TimingProfile, load_profile
-from tandem.emulator.request import FinishReason, Request, Status
+from tandem.emulator.request import EngineRequest, FinishReason, Status
 from tandem.emulator.scheduler import Scheduler
 
 pytestmark = pytest.mark.timeout(30)
@@ -43,8 +43,8 @@ def make(
     )
 
 
-def request(rid: str, prompt: list[int], max_tokens: int = 4) -> Request:
-    return Request(
+def request(rid: str, prompt: list[int], max_tokens: int = 4) -> EngineRequest:
+    return EngineRequest(
         request_id=rid, prompt_token_ids=list(prompt), max_tokens=max_tokens, arrival_time=0.0
     )
 
@@ -121,7 +121,7 @@ def test_lru_evicts_least_recently_freed_blocks_first() -> None:
     assert len(removed) == 2
     a = request("a2", list(range(0, 64)))
     s.kv.update_digests(a)
-    from tandem.emulator.hashing import event_hash
+    from tandem.common.block_hash import event_hash
 
     assert [e["block_hashes"][0] for e in removed] == [
         event_hash(a.block_digests[3]),

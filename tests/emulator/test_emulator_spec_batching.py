@@ -13,7 +13,7 @@ from test_emulator_scheduler import make as make_scheduler
 from tandem.emulator.args import parse_args
 from tandem.emulator.metrics import EmulatedGPU
 from tandem.emulator.profile import GPUMemory, load_profile
-from tandem.emulator.request import Request
+from tandem.emulator.request import EngineRequest
 from tandem.emulator.scheduler import Scheduler
 
 pytestmark = pytest.mark.timeout(30)
@@ -26,8 +26,8 @@ def make(k: int = 0, static: bool = False, max_seqs: int = 8) -> Scheduler:
     )  # fmt: skip
 
 
-def request(rid: str, max_tokens: int, rate: float = 0.0, prompt: int = 40) -> Request:
-    return Request(
+def request(rid: str, max_tokens: int, rate: float = 0.0, prompt: int = 40) -> EngineRequest:
+    return EngineRequest(
         request_id=rid,
         prompt_token_ids=[hash(rid) % 500 + i for i in range(prompt)],
         max_tokens=max_tokens,

@@ -14,7 +14,7 @@ import httpx
 import pytest
 import yaml
 
-from tandem.local.cluster import free_port
+from tandem.common.ports import free_port
 
 pytestmark = pytest.mark.timeout(150)
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

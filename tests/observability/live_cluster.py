@@ -28,13 +28,14 @@ import httpx
 import yaml
 from prometheus_process import PrometheusProcess, running_prometheus, static_job
 from shipped import ROOT, RULES
-from tandem_process import free_port
 
+from tandem.common.ports import free_port
+from tandem.common.roles import ROLES, Role
 from tandem.observability import names
 from tandem.operator import metrics as operator_metrics
 from tandem.operator.api import ServingCluster, load_manifest
-from tandem.operator.autoscaling.decision import PoolState, decide
-from tandem.operator.autoscaling.policy import POOLS, Pool, pool_policies
+from tandem.operator.autoscaling.decision import ScalingMemory, decide
+from tandem.operator.autoscaling.policy import pool_policies
 from tandem.operator.autoscaling.prometheus import PrometheusClient
 from tandem.operator.autoscaling.queries import PoolSelector, read_pool_signals
 from tandem.operator.status import aggregate_status, component_roles
@@ -62,14 +63,14 @@ class OperatorFeed:
 
     prometheus_url: str
     router_url: str
-    states: dict[Pool, PoolState] = field(default_factory=dict)
+    states: dict[Role, ScalingMemory] = field(default_factory=dict)
 
     def __call__(self) -> None:
         engines = httpx.get(f"{self.router_url}/engines", timeout=5).json()
-        sizes = {pool: sum(pool in e["roles"] for e in engines) for pool in POOLS}
-        ready = {pool: sum(e["healthy"] and pool in e["roles"] for e in engines) for pool in POOLS}
+        sizes = {pool: sum(pool in e["roles"] for e in engines) for pool in ROLES}
+        ready = {pool: sum(e["healthy"] and pool in e["roles"] for e in engines) for pool in ROLES}
         sc = load_manifest(str(EXAMPLE))
-        for pool in POOLS:
+        for pool in ROLES:
             getattr(sc.spec, pool).replicas = sizes[pool]
         asyncio.run(self.autoscale(sc, sizes, ready))
         deployments = {
@@ -81,11 +82,11 @@ class OperatorFeed:
         operator_metrics.record_pools(NAMESPACE, CLUSTER, status)
 
     async def autoscale(
-        self, sc: ServingCluster, sizes: dict[Pool, int], ready: dict[Pool, int]
+        self, sc: ServingCluster, sizes: dict[Role, int], ready: dict[Role, int]
     ) -> None:
         policies = pool_policies(sc.spec.autoscaling)
         async with PrometheusClient(self.prometheus_url) as client:
-            for pool in POOLS:
+            for pool in ROLES:
                 selector = PoolSelector(namespace=NAMESPACE, cluster=CLUSTER, pool=pool)
                 signals = await read_pool_signals(client, selector, policies[pool])
                 decision, self.states[pool] = decide(
@@ -93,7 +94,7 @@ class OperatorFeed:
                     signals,
                     sizes[pool],
                     ready[pool],
-                    self.states.get(pool, PoolState()),
+                    self.states.get(pool, ScalingMemory()),
                     time.monotonic(),
                 )
                 operator_metrics.record_decision(

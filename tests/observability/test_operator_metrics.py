@@ -7,8 +7,8 @@ from typing import Any
 import httpx
 import kopf
 import pytest
-from tandem_process import free_port
 
+from tandem.common.ports import free_port
 from tandem.operator import metrics
 from tandem.operator.api import PoolStatus, ServingClusterStatus
 from tandem.operator.autoscaling.decision import PoolState, decide

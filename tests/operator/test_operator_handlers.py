@@ -11,12 +11,14 @@ from typing import Any
 
 import kopf
 import pytest
-from sc_manifests import minimal
+from sc_manifests import cluster, minimal
 
 from tandem.operator import main as operator_main
 from tandem.operator.handlers import reconcile_body, refresh_owner_status, resync_once
-from tandem.operator.kube import FIELD_MANAGER, PLURALS, KubeError, NotFound
-from tandem.operator.reconcile import PRUNABLE_KINDS, ObjectKey, children_selector, stale_children
+from tandem.operator.kinds import CHILD_KINDS
+from tandem.operator.kube import FIELD_MANAGER, KubeError, NotFound
+from tandem.operator.reconcile_plan import ObjectKey, children_selector, stale_children
+from tandem.operator.render import render
 
 UID = "0b8e2f1c-1111-2222-3333-444455556666"
 
@@ -321,5 +323,12 @@ def test_resync_reconciles_every_cluster() -> None:
     assert resync_once(kube, ["other"], events) == 0  # type: ignore[arg-type]
 
 
-def test_every_prunable_kind_has_a_rest_path() -> None:
-    assert {kind for _, kind in PRUNABLE_KINDS} <= PLURALS.keys()
+@pytest.mark.parametrize("provider", ["hpa", "keda"])
+def test_every_rendered_kind_is_a_child_kind_the_operator_can_prune(provider: str) -> None:
+    sc = cluster(
+        monitoring={"enabled": True},
+        networkPolicy={"enabled": True},
+        autoscaling={"enabled": True, "provider": provider},
+    )
+    rendered = {(obj["apiVersion"], obj["kind"]) for obj in render(sc)}
+    assert rendered <= {(k.api_version, k.kind) for k in CHILD_KINDS}

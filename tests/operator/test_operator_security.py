@@ -16,7 +16,7 @@ from test_operator_handlers import Events, FakeKube, run
 from tandem.operator.api import load_manifest
 from tandem.operator.handlers import reconcile_reporting, resync_once
 from tandem.operator.ownership import Dependency, dependencies, foreign_owner
-from tandem.operator.reconcile import ObjectKey
+from tandem.operator.reconcile_plan import ObjectKey
 from tandem.operator.render import (
     ENGINE_KEY_ENV,
     NIXL_SIDE_CHANNEL_PORT,

@@ -8,7 +8,7 @@ from sc_manifests import cluster, minimal
 
 from tandem.operator.api import Condition, parse_manifest
 from tandem.operator.status import (
-    PoolState,
+    DeploymentState,
     aggregate_status,
     merge_conditions,
     phase_event,
@@ -66,28 +66,32 @@ def deployment(
 
 
 def test_pool_states() -> None:
-    assert pool_health("decode", None, 3).state == PoolState.MISSING
+    assert pool_health("decode", None, 3).state == DeploymentState.MISSING
     assert pool_health("decode", None, 3).status.summary == "0/3"
-    assert pool_health("decode", deployment(2, 2)).state == PoolState.READY
-    assert pool_health("decode", deployment(2, 1)).state == PoolState.SCALING
-    assert pool_health("decode", deployment(3, 2, available=True)).state == PoolState.SCALING
-    assert pool_health("decode", deployment(2, 0, available=False)).state == PoolState.SHORT
+    assert pool_health("decode", deployment(2, 2)).state == DeploymentState.READY
+    assert pool_health("decode", deployment(2, 1)).state == DeploymentState.SCALING
+    assert pool_health("decode", deployment(3, 2, available=True)).state == DeploymentState.SCALING
+    assert pool_health("decode", deployment(2, 0, available=False)).state == DeploymentState.SHORT
     assert (
         pool_health("decode", deployment(2, 0, progressing="ReplicaSetUpdated")).state
-        == PoolState.ROLLING
+        == DeploymentState.ROLLING
     )
     assert (
-        pool_health("decode", deployment(2, 2, generation=2, observed=1)).state == PoolState.ROLLING
+        pool_health("decode", deployment(2, 2, generation=2, observed=1)).state
+        == DeploymentState.ROLLING
     )
-    assert pool_health("decode", deployment(2, 2, updated=1, total=3)).state == PoolState.ROLLING
+    assert (
+        pool_health("decode", deployment(2, 2, updated=1, total=3)).state == DeploymentState.ROLLING
+    )
     assert (
         pool_health("decode", deployment(2, 1, progressing="ProgressDeadlineExceeded")).state
-        == PoolState.FAILED
+        == DeploymentState.FAILED
     )
     assert (
-        pool_health("decode", deployment(2, 0, failure="exceeded quota")).state == PoolState.FAILED
+        pool_health("decode", deployment(2, 0, failure="exceeded quota")).state
+        == DeploymentState.FAILED
     )
-    assert pool_health("decode", deployment(0, 0)).state == PoolState.READY
+    assert pool_health("decode", deployment(0, 0)).state == DeploymentState.READY
 
 
 def test_fresh_cluster_is_pending() -> None:

@@ -23,8 +23,9 @@ import openai
 from openai._legacy_response import LegacyAPIResponse
 from openai.types import Completion
 from prometheus_client.parser import text_string_to_metric_families
-from tandem_process import MODEL_DIR, ROOT, TandemProcess, free_port
+from tandem_process import MODEL_DIR, ROOT, TandemProcess
 
+from tandem.common.ports import free_port
 from tandem.local.cluster import PortPool, load_cluster
 from tandem.local.devices import probe_machine
 from tandem.local.plan import LocalOptions, LocalPlan, ProcessSpec, build_plan

@@ -17,8 +17,9 @@ from typing import Any
 import httpx
 import pytest
 from harness import EXAMPLE, VLLM_PYTHON, PDCluster
-from tandem_process import MODEL_DIR, ROOT, free_port
+from tandem_process import MODEL_DIR, ROOT
 
+from tandem.common.ports import free_port
 from tandem.operator.api import ServingCluster, load_manifest
 from tandem.operator.render import ENGINE_KEY_ENV, render
 

@@ -13,7 +13,8 @@ import pytest
 from harness import PDCluster, metrics_of, openai_client, stream_completion
 from prefill_standin import PrefillStandIn
 
-from tandem.router.config import DisaggregationConfig, StaticDiscovery, StaticEndpoint
+from tandem.common.routing import DisaggregationConfig
+from tandem.router.config import StaticDiscovery, StaticEndpoint
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 from harness import PDCluster, Router, metrics_of, openai_client, stream_completion
 
-from tandem.router.config import DisaggregationConfig
+from tandem.common.routing import DisaggregationConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

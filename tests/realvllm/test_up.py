@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 from harness import EXAMPLE, VLLM_PYTHON, PDCluster, openai_client
-from tandem_process import MODEL_DIR, ROOT, free_port
+from tandem_process import MODEL_DIR, ROOT
+
+from tandem.common.ports import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

@@ -7,7 +7,9 @@ import json
 from collections.abc import Callable, Iterator
 
 import httpx
-from tandem_process import MODEL_DIR, TandemProcess, free_port
+from tandem_process import MODEL_DIR, TandemProcess
+
+from tandem.common.ports import free_port
 
 
 class Proc(TandemProcess):

@@ -10,13 +10,13 @@ import msgspec
 import pytest
 from tandem_process import GOLDEN
 
+from tandem.common.block_hash import BlockHasher
+from tandem.common.routing import DisaggregationConfig, ScoringConfig
 from tandem.router.admission import Admission, QueueFull, parse_priority, retry_after_seconds
 from tandem.router.blocks import block_keys, salted_parent
-from tandem.router.config import DisaggregationConfig, ScoringConfig
 from tandem.router.decision import Route, decide_route
 from tandem.router.engines import Engine
 from tandem.router.features import Featurizer
-from tandem.router.hashing import BlockHasher
 from tandem.router.index import PrefixIndex
 from tandem.router.kv_events import EngineBlockMap, decode_payload
 from tandem.router.scorers.kv_usage import kv_usage_score

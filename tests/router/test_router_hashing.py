@@ -9,7 +9,7 @@ import msgspec
 import pytest
 from tandem_process import GOLDEN as SHARED_GOLDEN
 
-from tandem.router.hashing import BlockHasher
+from tandem.common.block_hash import BlockHasher
 
 GOLDEN = SHARED_GOLDEN / "kv_events"
 pytestmark = pytest.mark.skipif(not GOLDEN.exists(), reason="golden captures not present")

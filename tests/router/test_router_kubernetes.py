@@ -18,7 +18,9 @@ from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
-from router_harness import MODEL_DIR, SHORT, Engine, Proc, completion, free_port, running
+from router_harness import MODEL_DIR, SHORT, Engine, Proc, completion, running
+
+from tandem.common.ports import free_port
 
 pytestmark = [
     pytest.mark.timeout(90),

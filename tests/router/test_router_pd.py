@@ -15,11 +15,12 @@ from router_harness import (
     Engine,
     Router,
     completion,
-    free_port,
     metric,
     metrics,
     running,
 )
+
+from tandem.common.ports import free_port
 
 pytestmark = [
     pytest.mark.timeout(120),

@@ -35,7 +35,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tandem.operator.autoscaling.policy import Pool, PoolPolicy
+from tandem.common.roles import Role
+from tandem.operator.autoscaling.policy import PoolPolicy
 from tandem.operator.autoscaling.signals import PoolSignals
 
 Reason = Literal[
@@ -48,7 +49,7 @@ Reason = Literal[
 Limit = Literal["TooManyReplicas", "TooFewReplicas", "ScaleUpLimit"]
 
 
-class PoolState(BaseModel):
+class ScalingMemory(BaseModel):
     """What one pool's decision remembers between evaluations (kept by the caller)."""
 
     model_config = ConfigDict(frozen=True)
@@ -64,7 +65,7 @@ class Decision(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    pool: Pool
+    pool: Role
     current: int
     desired: int
     recommendation: int  # clamped recommendation of this evaluation, before stabilization
@@ -150,7 +151,7 @@ def signal_recommendations(
     return recommendations, phrases
 
 
-def _unavailable(policy: PoolPolicy, current: int, why: str) -> tuple[Decision, PoolState]:
+def _unavailable(policy: PoolPolicy, current: int, why: str) -> tuple[Decision, ScalingMemory]:
     """Rule 6: hold the size (inside [min, max]) and forget the window."""
     desired = min(max(current, policy.min_replicas), policy.max_replicas)
     decision = Decision(
@@ -161,7 +162,7 @@ def _unavailable(policy: PoolPolicy, current: int, why: str) -> tuple[Decision, 
         reason="MetricsUnavailable",
         message=f"{policy.pool}: holding {desired} replicas, {why}",
     )
-    return decision, PoolState()
+    return decision, ScalingMemory()
 
 
 def decide(
@@ -169,10 +170,10 @@ def decide(
     signals: PoolSignals | None,
     current: int,
     ready: int,
-    state: PoolState,
+    state: ScalingMemory,
     now: float,
     unavailable_reason: str = "Prometheus returned no metrics for the pool",
-) -> tuple[Decision, PoolState]:
+) -> tuple[Decision, ScalingMemory]:
     """One evaluation of rules 1-6; returns the decision and the state to pass next time."""
     if signals is None or signals.engines == 0:
         return _unavailable(policy, current, unavailable_reason)
@@ -192,7 +193,7 @@ def decide(
     window_start = now - policy.scale_down_stabilization_s
     kept = tuple((t, n) for t, n in state.recommendations if t >= window_start)
     history = (*kept, (now, recommendation))
-    new_state = PoolState(observed_since=observed_since, recommendations=history)
+    new_state = ScalingMemory(observed_since=observed_since, recommendations=history)
 
     why = "; ".join(phrases) if phrases else "no signal configured"
     pool = policy.pool

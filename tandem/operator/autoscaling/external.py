@@ -16,13 +16,14 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from tandem.common.roles import Role
 from tandem.operator.api import ServingCluster
-from tandem.operator.autoscaling.policy import Pool, PoolPolicy, pool_policies
+from tandem.operator.autoscaling.policy import PoolPolicy, pool_policies
 from tandem.operator.autoscaling.queries import PoolSelector, pool_queries
 from tandem.operator.render import child_name, rendered_roles, role_labels
 
 # External metric names that the prometheus-adapter rules in docs/autoscaling.md define.
-ADAPTER_LATENCY_METRIC: dict[Pool, str] = {
+ADAPTER_LATENCY_METRIC: dict[Role, str] = {
     "prefill": "tandem_ttft_seconds",
     "decode": "tandem_itl_seconds",
 }
@@ -65,7 +66,7 @@ def behavior(policy: PoolPolicy, interval_s: float) -> dict[str, Any]:
     }
 
 
-def _metadata(sc: ServingCluster, pool: Pool) -> dict[str, Any]:
+def _metadata(sc: ServingCluster, pool: Role) -> dict[str, Any]:
     return {
         "name": child_name(sc, pool),
         "namespace": sc.namespace,
@@ -73,11 +74,11 @@ def _metadata(sc: ServingCluster, pool: Pool) -> dict[str, Any]:
     }
 
 
-def _target(sc: ServingCluster, pool: Pool) -> dict[str, str]:
+def _target(sc: ServingCluster, pool: Role) -> dict[str, str]:
     return {"apiVersion": "apps/v1", "kind": "Deployment", "name": child_name(sc, pool)}
 
 
-def keda_scaled_object(sc: ServingCluster, pool: Pool) -> dict[str, Any]:
+def keda_scaled_object(sc: ServingCluster, pool: Role) -> dict[str, Any]:
     """A keda.sh/v1alpha1 ScaledObject with one prometheus trigger per configured signal."""
     scaling = sc.spec.autoscaling
     policy = pool_policies(scaling)[pool]
@@ -124,7 +125,7 @@ def keda_scaled_object(sc: ServingCluster, pool: Pool) -> dict[str, Any]:
     }
 
 
-def horizontal_pod_autoscaler(sc: ServingCluster, pool: Pool) -> dict[str, Any]:
+def horizontal_pod_autoscaler(sc: ServingCluster, pool: Role) -> dict[str, Any]:
     """An autoscaling/v2 HPA reading prometheus-adapter's External (latency) and Pods metrics."""
     scaling = sc.spec.autoscaling
     policy = pool_policies(scaling)[pool]

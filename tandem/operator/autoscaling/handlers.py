@@ -27,9 +27,10 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
+from tandem.common.roles import LABEL_CLUSTER, LABEL_ROLE, ROLES, Role
 from tandem.operator.api import API_VERSION, GROUP, KIND, PLURAL, VERSION, AutoscalingSpec
-from tandem.operator.autoscaling.decision import Decision, PoolState, decide
-from tandem.operator.autoscaling.policy import POOLS, Pool, PoolPolicy, pool_policies
+from tandem.operator.autoscaling.decision import Decision, ScalingMemory, decide
+from tandem.operator.autoscaling.policy import PoolPolicy, pool_policies
 from tandem.operator.autoscaling.prometheus import PrometheusClient, PrometheusUnavailable
 from tandem.operator.autoscaling.queries import PoolSelector, read_pool_signals
 from tandem.operator.autoscaling.signals import PoolSignals
@@ -43,7 +44,6 @@ from tandem.operator.autoscaling.status import (
 from tandem.operator.handlers import kube as operator_kube
 from tandem.operator.kube import FIELD_MANAGER, Kube, object_path
 from tandem.operator.metrics import record_decision
-from tandem.operator.render import LABEL_CLUSTER, LABEL_ROLE
 
 
 def _enabled(spec: Mapping[str, Any], **_: Any) -> bool:
@@ -61,12 +61,12 @@ def _stamp() -> str:
     )
 
 
-def pool_deployments(kube: Kube, namespace: str, cluster: str) -> dict[Pool, tuple[str, int, int]]:
+def pool_deployments(kube: Kube, namespace: str, cluster: str) -> dict[Role, tuple[str, int, int]]:
     """pool -> (Deployment name, spec.replicas, status.readyReplicas) of the cluster's pools."""
-    found: dict[Pool, tuple[str, int, int]] = {}
+    found: dict[Role, tuple[str, int, int]] = {}
     for item in kube.list("apps/v1", "Deployment", namespace, f"{LABEL_CLUSTER}={cluster}"):
         role = item["metadata"].get("labels", {}).get(LABEL_ROLE)
-        for pool in POOLS:
+        for pool in ROLES:
             if role == pool:
                 replicas = item.get("spec", {}).get("replicas", 1)
                 ready = item.get("status", {}).get("readyReplicas", 0)
@@ -127,15 +127,15 @@ async def evaluate(
     kube: Kube,
     body: Mapping[str, Any],
     autoscaling: AutoscalingSpec,
-    states: dict[Pool, PoolState],
-    last: dict[Pool, Decision],
+    states: dict[Role, ScalingMemory],
+    last: dict[Role, Decision],
     logger: logging.Logger | kopf.Logger,
-) -> dict[Pool, Decision]:
+) -> dict[Role, Decision]:
     """One evaluation of both pools (steps 1-6 above); updates `states` and `last` in place."""
     name, namespace = body["metadata"]["name"], body["metadata"].get("namespace") or "default"
     policies = pool_policies(autoscaling)
     deployments = await asyncio.to_thread(pool_deployments, kube, namespace, name)
-    pools = [pool for pool in POOLS if pool in deployments]
+    pools = [pool for pool in ROLES if pool in deployments]
     if not pools:
         logger.debug("autoscaler: no pool Deployment yet")
         return {}
@@ -152,7 +152,7 @@ async def evaluate(
         )
     now, stamp = time.monotonic(), _stamp()
     previous_status: Mapping[str, Any] = body.get("status", {}).get("autoscaling") or {}
-    decisions: dict[Pool, Decision] = {}
+    decisions: dict[Role, Decision] = {}
     status: dict[str, Any] = {"autoscaling": {}}
     for pool, (signals, why) in zip(pools, readings, strict=True):
         _, current, ready = deployments[pool]
@@ -161,7 +161,7 @@ async def evaluate(
             signals,
             current,
             ready,
-            states.get(pool, PoolState()),
+            states.get(pool, ScalingMemory()),
             now,
             why or "no metrics",
         )
@@ -208,8 +208,8 @@ async def autoscale(
     kube: Kube, latest: Callable[[], Mapping[str, Any]], logger: logging.Logger
 ) -> None:
     """Evaluate every `spec.autoscaling.intervalSeconds` of the latest body, until cancelled."""
-    states: dict[Pool, PoolState] = {}
-    last: dict[Pool, Decision] = {}
+    states: dict[Role, ScalingMemory] = {}
+    last: dict[Role, Decision] = {}
     while True:
         interval = 15.0
         body = latest()

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from tandem.common.roles import Role
 from tandem.operator.api import AutoscalingSpec
-
-Pool = Literal["prefill", "decode"]
-POOLS: tuple[Pool, ...] = ("prefill", "decode")
 
 
 class PoolPolicy(BaseModel):
@@ -22,7 +20,7 @@ class PoolPolicy(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    pool: Pool
+    pool: Role
     min_replicas: int = Field(1, ge=1)
     max_replicas: int = Field(8, ge=1)
     # Latency target of the pool's own latency signal: TTFT for prefill, ITL for decode.
@@ -54,7 +52,7 @@ class PoolPolicy(BaseModel):
         return self
 
 
-def pool_policies(autoscaling: AutoscalingSpec | Mapping[str, Any]) -> dict[Pool, PoolPolicy]:
+def pool_policies(autoscaling: AutoscalingSpec | Mapping[str, Any]) -> dict[Role, PoolPolicy]:
     """Both pools' policies from `spec.autoscaling` (the API model, or its camelCase dict)."""
     spec = (
         autoscaling

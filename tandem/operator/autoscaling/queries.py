@@ -6,7 +6,8 @@ import asyncio
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from tandem.operator.autoscaling.policy import Pool, PoolPolicy
+from tandem.common.roles import Role
+from tandem.operator.autoscaling.policy import PoolPolicy
 from tandem.operator.autoscaling.prometheus import PrometheusClient, PrometheusUnavailable
 from tandem.operator.autoscaling.signals import PoolSignals
 
@@ -19,7 +20,7 @@ NAMESPACE_LABEL = "namespace"
 
 # The latency histogram each pool is judged by: prefill by time to first token (on a prefill pod
 # that is its queue plus prefill time), decode by the time between output tokens.
-LATENCY_HISTOGRAM: dict[Pool, str] = {
+LATENCY_HISTOGRAM: dict[Role, str] = {
     "prefill": "vllm:time_to_first_token_seconds",
     "decode": "vllm:inter_token_latency_seconds",
 }
@@ -32,7 +33,7 @@ class PoolSelector(BaseModel):
 
     namespace: str
     cluster: str
-    pool: Pool
+    pool: Role
     cluster_label: str = CLUSTER_LABEL
     role_label: str = ROLE_LABEL
     namespace_label: str = NAMESPACE_LABEL

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tandem.operator.autoscaling.policy import Pool
+from tandem.common.roles import Role
 
 
 class PoolSignals(BaseModel):
@@ -22,7 +22,7 @@ class PoolSignals(BaseModel):
 
     model_config = ConfigDict(frozen=True, allow_inf_nan=False)
 
-    pool: Pool
+    pool: Role
     engines: int = Field(ge=0)  # engines whose metrics Prometheus holds right now
     latency_s: float | None = Field(None, ge=0)
     waiting: float = Field(0.0, ge=0)

@@ -21,17 +21,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from tandem.common.roles import LABEL_CLUSTER, LABEL_ROLE, ROLES
 from tandem.router.config import KubernetesDiscovery
 from tandem.router.engines import Engine
 
 log = logging.getLogger("tandem.router.discovery")
 
-ROLE_LABEL = "tandem.dev/role"
-CLUSTER_LABEL = "tandem.dev/cluster"
-
 
 def label_selector(cluster_name: str) -> str:
-    return f"{CLUSTER_LABEL}={cluster_name},{ROLE_LABEL} in (prefill,decode)"
+    return f"{LABEL_CLUSTER}={cluster_name},{LABEL_ROLE} in ({','.join(ROLES)})"
 
 
 def controller(obj: dict[str, Any]) -> dict[str, Any] | None:
@@ -82,9 +80,9 @@ def engine_from_pod(
     """
     metadata = pod.get("metadata") or {}
     status = pod.get("status") or {}
-    role = (metadata.get("labels") or {}).get(ROLE_LABEL)
+    role = (metadata.get("labels") or {}).get(LABEL_ROLE)
     ip = status.get("podIP")
-    if role not in ("prefill", "decode") or not ip or metadata.get("deletionTimestamp"):
+    if role not in ROLES or not ip or metadata.get("deletionTimestamp"):
         return None
     if owner_uid(pod) not in owners:
         return None
@@ -154,7 +152,7 @@ class PodWatcher:
         self.loop.call_soon_threadsafe(self.on_change, name, engine)
 
     def _read_owners(self, apps: Any) -> None:
-        selector = f"{CLUSTER_LABEL}={self.spec.cluster_name}"
+        selector = f"{LABEL_CLUSTER}={self.spec.cluster_name}"
         namespace = self.spec.namespace
         # Raw JSON: only names, uids and owner references are read, no model needs building.
         deployments = apps.list_namespaced_deployment(

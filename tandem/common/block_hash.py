@@ -1,11 +1,24 @@
-"""vLLM's prefix-cache block hashes: NONE_HASH, chained block digests and the 64-bit event form."""
+"""vLLM's prefix-cache block hashes, reproduced bit for bit (docs/protocols.md §2).
+
+    SER(x)    = pickle.dumps(x, protocol=5)            (sha256, xxhash)
+              | canonical CBOR of x                    (sha256_cbor, xxhash_cbor)
+    H(x)      = SHA-256(SER(x))  |  xxh3_128(SER(x))   (xxhash*)
+    NONE_HASH = H(seed)     seed = the engines' PYTHONHASHSEED, else "vllm-none-hash" (sha256*)
+    D[0]      = H((NONE_HASH, tuple(block_0), extra_0))
+    D[i]      = H((D[i-1],    tuple(block_i), None))
+    event id  = int.from_bytes(D[i], "big") & (2**64 - 1)
+
+Only full blocks are hashed. `extra_0` is `(("cache_salt", salt),)` when the request carries a
+`cache_salt`, else None. The event ids are what engines publish in KV events. The emulator hashes
+its blocks with these functions; the router recomputes them to check the events it receives.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import os
 import pickle
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import cbor2
@@ -52,7 +65,7 @@ def hash_function(algo: str) -> HashFunction:
     return lambda obj: bytes(xxh3(serialize(obj)))
 
 
-def none_hash_seed(algo: str, environ: dict[str, str] | None = None) -> str | bytes:
+def none_hash_seed(algo: str, environ: Mapping[str, str] | None = None) -> str | bytes:
     """The NONE_HASH seed: $PYTHONHASHSEED if set, else vLLM's fixed string (sha256*) or random bytes."""
     env = os.environ if environ is None else environ
     seed = env.get("PYTHONHASHSEED")
@@ -63,7 +76,7 @@ def none_hash_seed(algo: str, environ: dict[str, str] | None = None) -> str | by
     return os.urandom(32)
 
 
-def none_hash(algo: str, environ: dict[str, str] | None = None) -> bytes:
+def none_hash(algo: str, environ: Mapping[str, str] | None = None) -> bytes:
     """NONE_HASH = H(seed): the parent digest of every chain's first block."""
     return hash_function(algo)(none_hash_seed(algo, environ))
 
@@ -102,3 +115,26 @@ def chain_digests(
         parent = block_digest(hash_fn, parent, token_ids[start : start + block_size], extra)
         digests.append(parent)
     return digests
+
+
+class BlockHasher:
+    """The chain of block hashes of a token sequence, for engines with a known seed and algorithm.
+
+    `seed` is the engines' PYTHONHASHSEED (None: it was unset, so vLLM's fixed string).
+    """
+
+    def __init__(self, algo: str = "sha256_cbor", block_size: int = 16, seed: str | None = "0"):
+        if block_size < 1:
+            raise ValueError("block_size must be >= 1")
+        self.algo = algo
+        self.block_size = block_size
+        self.digest = hash_function(algo)
+        self.none_hash = self.digest(seed if seed is not None else DEFAULT_NONE_HASH_SEED)
+
+    def digests(self, token_ids: Sequence[int], cache_salt: str | None = None) -> list[bytes]:
+        """Full 32-byte digests of every full block of `token_ids`, in order."""
+        return chain_digests(self.digest, self.none_hash, token_ids, self.block_size, cache_salt)
+
+    def block_hashes(self, token_ids: Sequence[int], cache_salt: str | None = None) -> list[int]:
+        """The 64-bit block ids engines publish in KV events, one per full block."""
+        return [event_hash(d) for d in self.digests(token_ids, cache_salt)]

@@ -1,4 +1,7 @@
-"""Pure reconcile planning: owner references, object identity and which stale children to prune."""
+"""The reconcile's plan, pure: owner references, object identity and which stale children to prune.
+
+The reconcile itself (apply, prune, status) is `handlers.reconcile_body`, which carries this out.
+"""
 
 from __future__ import annotations
 
@@ -6,25 +9,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tandem.operator.render import LABEL_CLUSTER, LABEL_MANAGED_BY, MANAGED_BY
-
-# Kinds the renderer may produce, and so the only kinds the operator ever prunes. PVCs and
-# Secrets are deliberately absent: users own them (model cache, HF token) and they must survive.
-PRUNABLE_KINDS: tuple[tuple[str, str], ...] = (
-    ("v1", "ServiceAccount"),
-    ("rbac.authorization.k8s.io/v1", "Role"),
-    ("rbac.authorization.k8s.io/v1", "RoleBinding"),
-    ("v1", "ConfigMap"),
-    ("v1", "Service"),
-    ("apps/v1", "Deployment"),
-    ("policy/v1", "PodDisruptionBudget"),
-    ("networking.k8s.io/v1", "NetworkPolicy"),
-    ("monitoring.coreos.com/v1", "ServiceMonitor"),
-    ("monitoring.coreos.com/v1", "PodMonitor"),
-    ("autoscaling/v2", "HorizontalPodAutoscaler"),
-    ("keda.sh/v1alpha1", "ScaledObject"),
-)
-NEVER_PRUNED_KINDS = frozenset({"PersistentVolumeClaim", "Secret"})
+from tandem.common.roles import LABEL_CLUSTER
+from tandem.operator.kinds import CHILD_KINDS, NEVER_PRUNED_KINDS
+from tandem.operator.render import LABEL_MANAGED_BY, MANAGED_BY
 
 
 @dataclass(frozen=True, order=True)
@@ -83,7 +70,7 @@ def stale_children(
     returned, so a labelled object someone else made, a PVC or a Secret is never touched.
     """
     wanted = {ObjectKey.of(obj) for obj in rendered}
-    prunable = {kind for _, kind in PRUNABLE_KINDS}
+    prunable = {k.kind for k in CHILD_KINDS}
     stale = [
         ObjectKey.of(obj)
         for obj in existing

@@ -1,0 +1,104 @@
+"""Parity of the router's config file and a ServingCluster: every router setting is either set from
+the spec, decided by the operator, or deliberately not exposed, and each policy field reaches the
+router exactly as written in the ServingCluster."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+from sc_manifests import cluster
+
+from tandem.operator.api import RouterSpec
+from tandem.operator.crd import openapi_schema
+from tandem.operator.render import router_config
+from tandem.router.config import RouterConfig
+
+# RouterConfig field -> RouterSpec field carrying it (`spec.router.*`).
+FROM_ROUTER_SPEC = {
+    "scoring": "scoring",
+    "disaggregation": "disaggregation",
+    "admission": "admission",
+    "timeouts": "timeouts",
+    "metrics_scrape_interval_s": "metrics_scrape_interval_seconds",
+    "tokenizer": "tokenizer",
+    "log_level": "log_level",
+}
+# Taken from elsewhere in the spec: the model's name and the engines' block hashing.
+FROM_OTHER_SPEC = {"served_model_name", "block_size", "hash_algo", "hash_seed"}
+# Decided by the operator: where the router listens and finds its engines; KV events are always
+# rendered on the engines, so the router always subscribes.
+SET_BY_OPERATOR = {"host", "port", "kubernetes", "static", "kv_events"}
+# Not settable from a ServingCluster (yet): API keys want a Secret reference, and the others are
+# internal bounds with safe defaults.
+NOT_EXPOSED = {"health_check_interval_s", "index_max_blocks_per_engine", "api_keys"}
+POLICY = ("scoring", "disaggregation", "admission", "timeouts")
+
+
+def test_every_router_setting_is_accounted_for() -> None:
+    groups = [set(FROM_ROUTER_SPEC), FROM_OTHER_SPEC, SET_BY_OPERATOR, NOT_EXPOSED]
+    assert sum(len(g) for g in groups) == len(set().union(*groups)), "a field listed twice"
+    assert set(RouterConfig.model_fields) == set().union(*groups)
+
+
+def test_policy_sections_are_the_routers_own_models() -> None:
+    for name in POLICY:
+        assert (
+            RouterSpec.model_fields[name].annotation is RouterConfig.model_fields[name].annotation
+        )
+
+
+def _changed(model: type[BaseModel]) -> dict[str, Any]:
+    """A value other than the default for every field of `model`, by alias, within its bounds."""
+    values: dict[str, Any] = {}
+    for name, field in model.model_fields.items():
+        default = field.default
+        if name == "mode":
+            value: Any = "always"
+        elif isinstance(default, str):
+            value = "x-other"
+        elif default is None:
+            value = 7
+        elif isinstance(default, bool):
+            value = not default
+        elif name == "running_weight":
+            value = 0.5
+        else:
+            value = type(default)(default * 2 + 3)
+        values[field.alias or name] = value
+    return values
+
+
+@pytest.mark.parametrize("section", POLICY)
+def test_every_policy_field_set_in_a_servingcluster_reaches_the_router(section: str) -> None:
+    model = RouterConfig.model_fields[section].annotation
+    assert isinstance(model, type) and issubclass(model, BaseModel)
+    written = _changed(model)
+    config = router_config(cluster(router={section: written}))
+    assert getattr(config, section).model_dump(by_alias=True) == written
+
+
+@pytest.mark.parametrize("section", POLICY)
+def test_the_crd_schema_has_every_policy_field(section: str) -> None:
+    model = RouterConfig.model_fields[section].annotation
+    assert isinstance(model, type) and issubclass(model, BaseModel)
+    router = openapi_schema()["properties"]["spec"]["properties"]["router"]
+    alias = RouterSpec.model_fields[section].alias or section
+    properties = router["properties"][alias]["properties"]
+    assert set(properties) == {f.alias or n for n, f in model.model_fields.items()}
+    assert all(p.get("description") for p in properties.values())
+
+
+def test_top_level_router_settings_reach_the_router() -> None:
+    sc = cluster(
+        router={
+            "metricsScrapeIntervalSeconds": 2.5,
+            "tokenizer": "/models/tok",
+            "logLevel": "debug",
+        }
+    )
+    config = router_config(sc)
+    for config_field, spec_field in FROM_ROUTER_SPEC.items():
+        if config_field not in POLICY:
+            assert getattr(config, config_field) == getattr(sc.spec.router, spec_field)
