@@ -13,6 +13,7 @@ e2e/cluster/build.sh
 step "lint"
 $BIN/ruff check .
 $BIN/ruff format --check .
+$BIN/lint-imports
 
 step "types"
 $BIN/mypy -p tandem
