@@ -27,6 +27,7 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
+from tandem.emulator.errors import INTERNAL_ERROR
 from tandem.emulator.kv_cache import Block
 from tandem.emulator.request import EngineRequest, RemotePrefill
 
@@ -34,8 +35,6 @@ if TYPE_CHECKING:
     from tandem.emulator.engine import EmulatedEngine
 
 log = logging.getLogger("tandem.emulator.pd")
-
-INTERNAL_ERROR = "Internal server error"
 
 
 class KVTransferError(Exception):
