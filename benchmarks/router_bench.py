@@ -173,7 +173,7 @@ def start_router(kind: str, engines: list[Proc]) -> Proc:
         for engine in engines:
             argv += ["--worker", engine.url, "--kv-events", engine.kv_events]
         return Proc("tandem", argv + TANDEM_EXTRA_ARGS, port)
-    # flags both peers share (they come from one code base); ports set explicitly, see PROTOCOLS.md §6
+    # flags both peers share (they come from one code base); ports set explicitly, see docs/protocols.md §6
     shared = ["--host", "127.0.0.1", "--port", str(port), "--worker-urls", *urls,
               "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port)]  # fmt: skip
     if kind == "sglang":

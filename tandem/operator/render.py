@@ -162,7 +162,7 @@ def kv_transfer_config(sc: ServingCluster, role: Role) -> dict[str, Any]:
 
 
 def kv_events_config(ports: EnginePorts = POD_PORTS) -> dict[str, Any]:
-    """vLLM's --kv-events-config: a binding PUB endpoint and a replay endpoint (PROTOCOLS.md §2);
+    """vLLM's --kv-events-config: a binding PUB endpoint and a replay endpoint (docs/protocols.md §2);
     `*` even on one machine, since vLLM connects instead of binding to any other host."""
     return {
         "enable_kv_cache_events": True,

@@ -2,7 +2,7 @@
 
 When the prefill pod's KV cannot be pulled (the pod died after answering, the NIXL handshake timed
 out), vLLM 0.32 with `kv_load_failure_policy: fail` answers a non-streaming request with a 5xx and
-a streaming one with `200`, an error event and `[DONE]` (PROTOCOLS.md §1, golden/pd/). Such an
+a streaming one with `200`, an error event and `[DONE]` (docs/protocols.md §1, golden/pd/). Such an
 answer has produced nothing for the client yet, so the router may send the request once more
 without the prefill's `kv_transfer_params` and let the decode engine prefill it itself.
 """
