@@ -9,19 +9,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from tandem.common.settings import SettingsModel
 
 
-class _Settings(BaseModel):
-    model_config = ConfigDict(
-        extra="forbid",
-        populate_by_name=True,
-        use_attribute_docstrings=True,
-        validate_default=True,
-    )
-
-
-class ScoringConfig(_Settings):
+class ScoringConfig(SettingsModel):
     """Router scorer weights: an endpoint's score is the weighted sum of its scorer values."""
 
     prefix_weight: float = Field(3.0, ge=0, alias="prefixWeight")
@@ -42,7 +35,7 @@ class ScoringConfig(_Settings):
     move one request."""
 
 
-class DisaggregationConfig(_Settings):
+class DisaggregationConfig(SettingsModel):
     """When a request is prefilled on a prefill pod first (P/D) or goes straight to a decode pod."""
 
     mode: Literal["auto", "always", "never"] = "auto"
@@ -55,7 +48,7 @@ class DisaggregationConfig(_Settings):
     fraction of running ones), decode pods prefill locally instead of waiting."""
 
 
-class AdmissionConfig(_Settings):
+class AdmissionConfig(SettingsModel):
     """The router's bounded queue with priorities; a full queue answers 429 with Retry-After."""
 
     max_queue: int = Field(512, ge=1, alias="maxQueue")
@@ -77,7 +70,7 @@ class AdmissionConfig(_Settings):
     """Bytes the remembered session ids and engine names may take together."""
 
 
-class TimeoutConfig(_Settings):
+class TimeoutConfig(SettingsModel):
     """Per-request limits of the router, in seconds."""
 
     connect_s: float = Field(2.0, gt=0, alias="connectSeconds")

@@ -27,6 +27,7 @@ from tandem.common.routing import (
     ScoringConfig,
     TimeoutConfig,
 )
+from tandem.common.settings import SettingsModel
 
 GROUP = "tandem.dev"
 VERSION = "v1alpha1"
@@ -63,13 +64,7 @@ class CrossFieldRule:
     check: Callable[[Any], bool]
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(
-        extra="forbid",
-        populate_by_name=True,
-        use_attribute_docstrings=True,
-        validate_default=True,
-    )
+class _Model(SettingsModel):
     cel_rules: ClassVar[tuple[CrossFieldRule, ...]] = ()
 
     @model_validator(mode="after")

@@ -49,6 +49,13 @@ def test_policy_sections_are_the_routers_own_models() -> None:
         )
 
 
+def _policy_model(section: str) -> type[BaseModel]:
+    model = RouterConfig.model_fields[section].annotation
+    assert isinstance(model, type)
+    assert issubclass(model, BaseModel)
+    return model
+
+
 def _changed(model: type[BaseModel]) -> dict[str, Any]:
     """A value other than the default for every field of `model`, by alias, within its bounds."""
     values: dict[str, Any] = {}
@@ -72,8 +79,7 @@ def _changed(model: type[BaseModel]) -> dict[str, Any]:
 
 @pytest.mark.parametrize("section", POLICY)
 def test_every_policy_field_set_in_a_servingcluster_reaches_the_router(section: str) -> None:
-    model = RouterConfig.model_fields[section].annotation
-    assert isinstance(model, type) and issubclass(model, BaseModel)
+    model = _policy_model(section)
     written = _changed(model)
     config = router_config(cluster(router={section: written}))
     assert getattr(config, section).model_dump(by_alias=True) == written
@@ -81,8 +87,7 @@ def test_every_policy_field_set_in_a_servingcluster_reaches_the_router(section: 
 
 @pytest.mark.parametrize("section", POLICY)
 def test_the_crd_schema_has_every_policy_field(section: str) -> None:
-    model = RouterConfig.model_fields[section].annotation
-    assert isinstance(model, type) and issubclass(model, BaseModel)
+    model = _policy_model(section)
     router = openapi_schema()["properties"]["spec"]["properties"]["router"]
     alias = RouterSpec.model_fields[section].alias or section
     properties = router["properties"][alias]["properties"]
