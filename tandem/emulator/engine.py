@@ -9,7 +9,7 @@ import random
 import time
 import uuid
 import zlib
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from tandem.common.block_hash import hash_function, none_hash
@@ -40,15 +40,8 @@ class StepStats:
     max_batch: int = 0
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "steps": self.steps,
-            "scheduler_cpu_s": self.scheduler_cpu_s,
-            "handoff_cpu_s": self.handoff_cpu_s,
-            "simulated_s": self.simulated_s,
-            "tokens": self.tokens,
-            "max_batch": self.max_batch,
-            "overhead_ratio": self.scheduler_cpu_s / self.simulated_s if self.simulated_s else 0.0,
-        }
+        ratio = self.scheduler_cpu_s / self.simulated_s if self.simulated_s else 0.0
+        return {**asdict(self), "overhead_ratio": ratio}
 
 
 class EmulatedEngine:

@@ -96,6 +96,20 @@ class RequestValidator:
             "prompt must be a string, a list of token ids, or a one-element list", "prompt", prompt
         )
 
+    def _request_prompt_ids(self, body: dict[str, Any], chat: bool) -> list[int]:
+        if not chat:
+            if "prompt" not in body:
+                raise bad_request("Field required", "prompt", None)
+            return self.prompt_ids(body["prompt"])
+        messages = body.get("messages")
+        if (
+            not isinstance(messages, list)
+            or not messages
+            or not all(isinstance(m, dict) for m in messages)
+        ):
+            raise bad_request("messages must be a non-empty list of objects", "messages", messages)
+        return self.chat_ids(messages, body.get("add_generation_prompt", True))
+
     def max_tokens(self, body: dict[str, Any], prompt_len: int, chat: bool) -> int:
         """Output tokens allowed: the request's limit, else what is left of the context."""
         value = body.get("max_completion_tokens") if chat else None
@@ -140,21 +154,7 @@ class RequestValidator:
     def generation(self, body: dict[str, Any], chat: bool) -> Generation:
         """Every check of /v1/completions (chat=False) or /v1/chat/completions, in vLLM's order."""
         model = self.model(body)
-        if chat:
-            messages = body.get("messages")
-            if (
-                not isinstance(messages, list)
-                or not messages
-                or not all(isinstance(m, dict) for m in messages)
-            ):
-                raise bad_request(
-                    "messages must be a non-empty list of objects", "messages", messages
-                )
-            prompt_ids = self.chat_ids(messages, body.get("add_generation_prompt", True))
-        else:
-            if "prompt" not in body:
-                raise bad_request("Field required", "prompt", None)
-            prompt_ids = self.prompt_ids(body["prompt"])
+        prompt_ids = self._request_prompt_ids(body, chat)
         params = body.get("kv_transfer_params")
         params = params if isinstance(params, dict) else None
         given_ids = params.get("prompt_token_ids") if params is not None else None
