@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +20,6 @@ from tandem.operator.autoscaling.queries import PoolSelector, read_pool_signals
 pytestmark = [pytest.mark.timeout(90), pytest.mark.slow]
 
 PROFILE = Path(__file__).with_name("small-gpu-profile.yaml")
-TANDEM = str(Path(sys.executable).with_name("tandem"))
 POLICIES = pool_policies(
     {
         "enabled": True,
