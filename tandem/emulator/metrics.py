@@ -298,36 +298,53 @@ class EngineMetrics:
     def collect(self) -> Iterator[Metric]:
         """Families in vLLM's order (prometheus_client's collector protocol)."""
         self.read_gauges()
-        base = ["engine", "model_name"]
-        values = [self.engine, self.model_name]
+        yield from self._state_families()
+        yield from self._counter_families()
+        yield from self._histogram_families()
+        yield self._cache_config_family()
+        if self.gpu is not None:
+            yield from self.gpu.collect()
 
-        def counter(name: str, value: Counter) -> CounterMetricFamily:
-            family = CounterMetricFamily(name, HELP[name + "_total"], labels=base)
-            family.add_metric(values, value.value, created=value.created)
-            return family
+    # The engine's own labels: every family but admission rejections carries both.
+    _BASE_LABELS = ("engine", "model_name")
 
-        def labeled_counter(name: str, label: str, by: dict[str, Counter]) -> CounterMetricFamily:
-            family = CounterMetricFamily(name, HELP[name + "_total"], labels=[*base, label])
-            for key, value in by.items():
-                family.add_metric([*values, key], value.value, created=value.created)
-            return family
+    def _counter(self, name: str, value: Counter) -> CounterMetricFamily:
+        family = CounterMetricFamily(name, HELP[name + "_total"], labels=self._BASE_LABELS)
+        family.add_metric([self.engine, self.model_name], value.value, created=value.created)
+        return family
 
-        def gauge(name: str, value: float) -> GaugeMetricFamily:
-            family = GaugeMetricFamily(name, HELP[name], labels=base)
-            family.add_metric(values, value)
-            return family
+    def _labeled_counter(
+        self, name: str, label: str, by: dict[str, Counter]
+    ) -> CounterMetricFamily:
+        family = CounterMetricFamily(
+            name, HELP[name + "_total"], labels=[*self._BASE_LABELS, label]
+        )
+        for key, value in by.items():
+            family.add_metric(
+                [self.engine, self.model_name, key], value.value, created=value.created
+            )
+        return family
 
-        def labeled_gauge(name: str, label: str, by: dict[str, float]) -> GaugeMetricFamily:
-            family = GaugeMetricFamily(name, HELP[name], labels=[*base, label])
-            for key, value in by.items():
-                family.add_metric([*values, key], value)
-            return family
+    def _gauge(self, name: str, value: float) -> GaugeMetricFamily:
+        family = GaugeMetricFamily(name, HELP[name], labels=self._BASE_LABELS)
+        family.add_metric([self.engine, self.model_name], value)
+        return family
 
+    def _labeled_gauge(self, name: str, label: str, by: dict[str, float]) -> GaugeMetricFamily:
+        family = GaugeMetricFamily(name, HELP[name], labels=[*self._BASE_LABELS, label])
+        for key, value in by.items():
+            family.add_metric([self.engine, self.model_name, key], value)
+        return family
+
+    def _state_families(self) -> Iterator[Metric]:
+        """NIXL failure counters, then the gauges of the engine's queues and cache."""
         if self.kv_connector:
-            yield counter("vllm:nixl_num_failed_transfers", self.nixl_failed_transfers)
-            yield counter("vllm:nixl_num_failed_notifications", self.nixl_failed_notifications)
-            yield counter("vllm:nixl_num_kv_expired_reqs", self.nixl_kv_expired)
-            yield counter(
+            yield self._counter("vllm:nixl_num_failed_transfers", self.nixl_failed_transfers)
+            yield self._counter(
+                "vllm:nixl_num_failed_notifications", self.nixl_failed_notifications
+            )
+            yield self._counter("vllm:nixl_num_kv_expired_reqs", self.nixl_kv_expired)
+            yield self._counter(
                 "vllm:nixl_num_notifications_after_expiry", self.nixl_notifications_after_expiry
             )
         for name in (
@@ -335,17 +352,17 @@ class EngineMetrics:
             "vllm:estimated_read_bytes_per_gpu",
             "vllm:estimated_write_bytes_per_gpu",
         ):
-            yield counter(name, self.zero_counters[name])
-        yield gauge("vllm:num_requests_running", self.num_running)
-        yield gauge("vllm:num_requests_waiting", self.num_waiting)
+            yield self._counter(name, self.zero_counters[name])
+        yield self._gauge("vllm:num_requests_running", self.num_running)
+        yield self._gauge("vllm:num_requests_waiting", self.num_waiting)
         deferred = self.num_waiting_deferred
-        yield labeled_gauge(
+        yield self._labeled_gauge(
             "vllm:num_requests_waiting_by_reason",
             "reason",
             {"capacity": self.num_waiting - deferred, "deferred": deferred},
         )
         if self.kv_connector:
-            yield labeled_gauge(
+            yield self._labeled_gauge(
                 "vllm:num_requests_kv_fetch_by_stage",
                 "stage",
                 {
@@ -354,12 +371,16 @@ class EngineMetrics:
                     "completed_waiting": self.kv_fetch_completed_waiting,
                 },
             )
-        yield labeled_gauge(
+        yield self._labeled_gauge(
             "vllm:engine_sleep_state",
             "sleep_state",
             {"awake": 1.0, "weights_offloaded": 0.0, "discard_all": 0.0},
         )
-        yield gauge("vllm:kv_cache_usage_perc", self.kv_cache_usage)
+        yield self._gauge("vllm:kv_cache_usage_perc", self.kv_cache_usage)
+
+    def _counter_families(self) -> Iterator[Metric]:
+        """Prefix-cache, token, request and admission counters."""
+        counter = self._counter
         yield counter("vllm:prefix_cache_queries", self.prefix_cache_queries)
         yield counter("vllm:prefix_cache_hits", self.prefix_cache_hits)
         yield counter("vllm:external_prefix_cache_queries", self.external_prefix_cache_queries)
@@ -368,11 +389,11 @@ class EngineMetrics:
         yield counter("vllm:mm_cache_hits", self.zero_counters["vllm:mm_cache_hits"])
         yield counter("vllm:num_preemptions", self.num_preemptions)
         yield counter("vllm:prompt_tokens", self.prompt_tokens)
-        yield labeled_counter(
+        yield self._labeled_counter(
             "vllm:prompt_tokens_by_source", "source", self.prompt_tokens_by_source
         )
         yield counter("vllm:prompt_tokens_cached", self.prompt_tokens_cached)
-        yield labeled_counter(
+        yield self._labeled_counter(
             "vllm:prompt_tokens_cached_by_source", "source", self.prompt_tokens_cached_by_source
         )
         yield counter("vllm:generation_tokens", self.generation_tokens)
@@ -380,12 +401,12 @@ class EngineMetrics:
             yield counter("vllm:spec_decode_num_drafts", self.spec.drafts)
             yield counter("vllm:spec_decode_num_draft_tokens", self.spec.draft_tokens)
             yield counter("vllm:spec_decode_num_accepted_tokens", self.spec.accepted_tokens)
-            yield labeled_counter(
+            yield self._labeled_counter(
                 "vllm:spec_decode_num_accepted_tokens_per_pos",
                 "position",
                 self.spec.accepted_per_pos,
             )
-        yield labeled_counter("vllm:request_success", "finished_reason", self.request_success)
+        yield self._labeled_counter("vllm:request_success", "finished_reason", self.request_success)
         rejections = CounterMetricFamily(
             "vllm:admission_rejections",
             HELP["vllm:admission_rejections_total"],
@@ -394,13 +415,16 @@ class EngineMetrics:
         for reason, value in self.admission_rejections.items():
             rejections.add_metric([self.model_name, reason], value.value, created=value.created)
         yield rejections
+
+    def _histogram_families(self) -> Iterator[Metric]:
+        labels = {"engine": self.engine, "model_name": self.model_name}
         for name, histogram in self.histograms():
-            family = HistogramMetricFamily(name, HELP[name], labels=base)
-            family.add_metric(values, histogram.cumulative(), histogram.sum)
-            family.add_sample(
-                name + "_created", dict(zip(base, values, strict=True)), histogram.created
-            )
+            family = HistogramMetricFamily(name, HELP[name], labels=self._BASE_LABELS)
+            family.add_metric([self.engine, self.model_name], histogram.cumulative(), histogram.sum)
+            family.add_sample(name + "_created", labels, histogram.created)
             yield family
+
+    def _cache_config_family(self) -> GaugeMetricFamily:
         info = GaugeMetricFamily(
             "vllm:cache_config_info",
             HELP["vllm:cache_config_info"],
@@ -408,9 +432,7 @@ class EngineMetrics:
         )
         labels = {**self.cache_config_info, "engine": self.engine}
         info.add_metric([labels[k] for k in sorted(labels)], 1.0)
-        yield info
-        if self.gpu is not None:
-            yield from self.gpu.collect()
+        return info
 
 
 def build_registry(metrics: EngineMetrics) -> CollectorRegistry:
