@@ -46,9 +46,3 @@ def gone(read: Callable[[], object]) -> bool:
             return True
         raise
     return False
-
-
-def plain(api: k8s.ApiClient, obj: object) -> dict[str, Any]:
-    """A typed client object as the plain dict the API sent."""
-    result: dict[str, Any] = api.sanitize_for_serialization(obj)  # type: ignore[no-untyped-call]
-    return result

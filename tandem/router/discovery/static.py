@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tandem.common.roles import ROLES
 from tandem.router.config import StaticDiscovery
 from tandem.router.engines import Engine
 
@@ -18,7 +19,7 @@ def static_engines(static: StaticDiscovery) -> list[Engine]:
     ):
         for endpoint in endpoints:
             url = endpoint.url.rstrip("/")
-            wanted = {"prefill", "decode"} if role == "worker" else {role}
+            wanted = set(ROLES) if role == "worker" else {role}
             roles.setdefault(url, set()).update(wanted)
             if endpoint.kv_events or url not in events:
                 events[url] = (endpoint.kv_events, endpoint.kv_events_replay)
