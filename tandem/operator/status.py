@@ -83,20 +83,13 @@ def pool_health(
     observed = deployment.get("status", {})
     progressing = _condition(deployment, "Progressing")
     failure = _condition(deployment, "ReplicaFailure")
+    stuck = None
     if progressing and progressing.get("reason") == "ProgressDeadlineExceeded":
-        return PoolHealth(
-            role,
-            DeploymentState.FAILED,
-            status,
-            f"{role}: {progressing.get('message', 'rollout stuck')}",
-        )
-    if failure and failure.get("status") == "True":
-        return PoolHealth(
-            role,
-            DeploymentState.FAILED,
-            status,
-            f"{role}: {failure.get('message', 'pods cannot be created')}",
-        )
+        stuck = progressing.get("message", "rollout stuck")
+    elif failure and failure.get("status") == "True":
+        stuck = failure.get("message", "pods cannot be created")
+    if stuck is not None:
+        return PoolHealth(role, DeploymentState.FAILED, status, f"{role}: {stuck}")
     generation = deployment.get("metadata", {}).get("generation", 0)
     total = int(observed.get("replicas") or 0)
     rolling = (
