@@ -28,8 +28,9 @@ FROM_ROUTER_SPEC = {
 # Taken from elsewhere in the spec: the model's name and the engines' block hashing.
 FROM_OTHER_SPEC = {"served_model_name", "block_size", "hash_algo", "hash_seed"}
 # Decided by the operator: where the router listens and finds its engines; KV events are always
-# rendered on the engines, so the router always subscribes.
-SET_BY_OPERATOR = {"host", "port", "kubernetes", "static", "kv_events"}
+# rendered on the engines, so the router always subscribes; `auth` holds the paths where the
+# operator mounts the Secrets that `spec.router.auth` names.
+SET_BY_OPERATOR = {"host", "port", "kubernetes", "static", "kv_events", "auth"}
 # Not settable from a ServingCluster (yet): API keys want a Secret reference, and the others are
 # internal bounds with safe defaults.
 NOT_EXPOSED = {"health_check_interval_s", "index_max_blocks_per_engine", "api_keys"}
