@@ -31,9 +31,20 @@ FROM_OTHER_SPEC = {"served_model_name", "block_size", "hash_algo", "hash_seed"}
 # rendered on the engines, so the router always subscribes; `auth` holds the paths where the
 # operator mounts the Secrets that `spec.router.auth` names.
 SET_BY_OPERATOR = {"host", "port", "kubernetes", "static", "kv_events", "auth"}
-# Not settable from a ServingCluster (yet): API keys want a Secret reference, and the others are
-# internal bounds with safe defaults.
-NOT_EXPOSED = {"health_check_interval_s", "index_max_blocks_per_engine", "api_keys"}
+# Not settable from a ServingCluster (yet): API keys want a Secret reference; the operator renders
+# no vLLM renderer service for `render_url`/`render_mode`, and no chat-template override for the
+# engines (one passed in `engine.extraArgs` does not reach the router); the others are internal
+# bounds with safe defaults.
+NOT_EXPOSED = {
+    "chat_template",
+    "chat_template_kwargs",
+    "health_check_interval_s",
+    "index_max_blocks_per_engine",
+    "api_keys",
+    "render_url",
+    "render_mode",
+    "pending_ttl_s",
+}
 POLICY = ("scoring", "disaggregation", "admission", "timeouts")
 
 
