@@ -11,7 +11,7 @@ import pytest
 from tandem.common.ports import free_port
 from tandem.operator import metrics
 from tandem.operator.api import PoolStatus, ServingClusterStatus
-from tandem.operator.autoscaling.decision import PoolState, decide
+from tandem.operator.autoscaling.decision import ScalingMemory, decide
 from tandem.operator.autoscaling.policy import pool_policies
 from tandem.operator.autoscaling.signals import PoolSignals
 from tandem.operator.main import parse_args
@@ -78,7 +78,7 @@ def test_a_decision_records_its_signals_targets_and_limit() -> None:
     signals = PoolSignals(
         pool="prefill", engines=2, latency_s=2.0, waiting=4, running=2, request_rate=3
     )
-    decision, _ = decide(POLICY, signals, current=2, ready=2, state=PoolState(), now=0.0)
+    decision, _ = decide(POLICY, signals, current=2, ready=2, state=ScalingMemory(), now=0.0)
     assert decision.limit == "TooManyReplicas"
     metrics.record_decision("ops", "scale", POLICY, decision, signals, ready=2)
     assert value("tandem_operator_autoscaler_evaluations_total", **labels, decision="Steady") == 1
@@ -96,7 +96,7 @@ def test_a_decision_records_its_signals_targets_and_limit() -> None:
     assert value("tandem_operator_autoscaler_limited", **labels, limit="ScaleUpLimit") == 0
     assert value("tandem_operator_autoscaler_metrics_available", **labels) == 1
 
-    gap, _ = decide(POLICY, None, current=2, ready=2, state=PoolState(), now=1.0)
+    gap, _ = decide(POLICY, None, current=2, ready=2, state=ScalingMemory(), now=1.0)
     metrics.record_decision("ops", "scale", POLICY, gap, None, ready=2)
     assert value("tandem_operator_autoscaler_metrics_available", **labels) == 0
     assert value("tandem_operator_autoscaler_signal", **labels, signal="latency_seconds") is None
