@@ -53,6 +53,13 @@ def json_body(raw: bytes) -> dict[str, Any]:
     return body
 
 
+def _acceptance_rate(body: dict[str, Any]) -> float | None:
+    """Speculative decoding: the request's own draft acceptance (`vllm_xargs`), if it sets one."""
+    xargs = body.get("vllm_xargs")
+    acceptance = xargs.get("spec_acceptance_rate") if isinstance(xargs, dict) else None
+    return float(acceptance) if isinstance(acceptance, int | float) else None
+
+
 class RequestValidator:
     """Checks bodies against one served model: its names, tokenizer and context length."""
 
@@ -189,8 +196,6 @@ class RequestValidator:
         ignore_eos = bool(body.get("ignore_eos", False))
         eos = self.tokenizer.eos_token_id
         seed = body.get("seed")
-        xargs = body.get("vllm_xargs")
-        acceptance = xargs.get("spec_acceptance_rate") if isinstance(xargs, dict) else None
         stream_options = body.get("stream_options") or {}
         return Generation(
             chat=chat,
@@ -210,5 +215,5 @@ class RequestValidator:
             else False,
             return_token_ids=bool(body.get("return_token_ids", False)),
             kv_transfer_params=params,
-            acceptance_rate=float(acceptance) if isinstance(acceptance, int | float) else None,
+            acceptance_rate=_acceptance_rate(body),
         )

@@ -39,31 +39,32 @@ class _Collector(Collector):
             yield from read()
 
 
+def latency(name: str, documentation: str, labelnames: list[str]) -> HistogramFamily:
+    """A histogram of request-stage seconds, on the latency buckets."""
+    return HistogramFamily(name, documentation, labelnames, buckets=_LATENCY)
+
+
 class RouterMetrics:
     def __init__(self) -> None:
-        self.queue = HistogramFamily(
+        self.queue = latency(
             "tandem_router_queue_seconds",
             "Time waiting in the router's admission queue.",
             ["priority"],
-            buckets=_LATENCY,
         )
-        self.prefill = HistogramFamily(
+        self.prefill = latency(
             "tandem_router_prefill_seconds",
             "Prefill request on a prefill pod (max_tokens=1).",
             ["endpoint"],
-            buckets=_LATENCY,
         )
-        self.kv_handoff = HistogramFamily(
+        self.kv_handoff = latency(
             "tandem_router_kv_handoff_seconds",
             "From the prefill pod's answer to the decode pod's first body byte (KV pull + first step).",
             ["endpoint"],
-            buckets=_LATENCY,
         )
-        self.ttft = HistogramFamily(
+        self.ttft = latency(
             "tandem_router_ttft_seconds",
             "Request arrival to the first body byte sent to the client.",
             ["pool", "endpoint"],
-            buckets=_LATENCY,
         )
         self.itl = HistogramFamily(
             "tandem_router_inter_token_seconds",
@@ -71,11 +72,10 @@ class RouterMetrics:
             ["endpoint"],
             buckets=_ITL,
         )
-        self.e2e = HistogramFamily(
+        self.e2e = latency(
             "tandem_router_e2e_seconds",
             "Request arrival to the last byte sent.",
             ["pool", "endpoint"],
-            buckets=_LATENCY,
         )
         self.routing = HistogramFamily(
             "tandem_router_decision_seconds",
