@@ -29,13 +29,14 @@ FROM_ROUTER_SPEC = {
 FROM_OTHER_SPEC = {"served_model_name", "block_size", "hash_algo", "hash_seed"}
 # Decided by the operator: where the router listens and finds its engines; KV events are always
 # rendered on the engines, so the router always subscribes; `auth` holds the paths where the
-# operator mounts the Secrets that `spec.router.auth` names.
-SET_BY_OPERATOR = {"host", "port", "kubernetes", "static", "kv_events", "auth"}
+# operator mounts the Secrets that `spec.router.auth` names; `trust` its admin port.
+SET_BY_OPERATOR = {"host", "port", "kubernetes", "static", "kv_events", "auth", "trust"}
 # Not settable from a ServingCluster (yet): API keys want a Secret reference; the operator renders
 # no vLLM renderer service for `render_url`/`render_mode`, and no chat-template override for the
 # engines (one passed in `engine.extraArgs` does not reach the router); the others are internal
 # bounds with safe defaults.
 NOT_EXPOSED = {
+    "http",  # client-connection limits (docs/reliability.md), safe defaults
     "chat_template",
     "chat_template_kwargs",
     "health_check_interval_s",
