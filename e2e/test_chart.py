@@ -31,6 +31,10 @@ VALUE_SETS: dict[str, list[str]] = {
         "--set", "prometheusRule.enabled=true",
         "--set", "operator.metrics.serviceMonitor.enabled=true",
     ],
+    "peers": ["--set", "operator.replicas=3"],
+    "namespaced-peers": [
+        "--set", "operator.replicas=2", "--set", "operator.watchNamespaces={serving,research}",
+    ],
 }  # fmt: skip
 
 
@@ -192,3 +196,30 @@ def test_example_servingcluster_is_a_valid_object(offline_clients: Clients) -> N
     cluster = parse_manifest(example)
     assert cluster.namespace == "tandem-system"
     assert cluster.spec.prefill.replicas == 1
+
+
+def test_operator_replicas_peer(offline_clients: Clients) -> None:
+    """replicas > 1: kopf peering under the release's name, its CRDs and RBAC, a PDB, spread."""
+    docs = template(offline_clients, "--set", "operator.replicas=2")
+    [deployment] = by_kind(docs, "Deployment")
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"
+    pod = deployment["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    assert "--peering=tandem" in container["args"]
+    assert "--peering-lifetime=15" in container["args"]
+    assert pod["affinity"]["podAntiAffinity"]
+    [pdb] = by_kind(docs, "PodDisruptionBudget")
+    assert pdb["spec"]["minAvailable"] == 1
+    crds = {c["spec"]["names"]["kind"] for c in by_kind(docs, "CustomResourceDefinition")}
+    assert crds == {"ClusterKopfPeering", "KopfPeering"}
+    # The peering rule is one of files/operator-rules.yaml's (granted at any replica count).
+    rules = [r for role in by_kind(docs, "ClusterRole") for r in role["rules"]]
+    assert {"apiGroups": ["kopf.dev"], "resources": ["clusterkopfpeerings", "kopfpeerings"],
+            "verbs": ["get", "list", "watch", "create", "patch"]} in rules  # fmt: skip
+    single = template(offline_clients)
+    assert not by_kind(single, "PodDisruptionBudget")
+    [deployment] = by_kind(single, "Deployment")
+    assert deployment["spec"]["strategy"]["type"] == "Recreate"
+    assert not [a for a in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+                if a.startswith("--peering")]  # fmt: skip

@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 from typing import IO, Any
@@ -79,9 +80,13 @@ def write_kubeconfig(
 class ControlPlane:
     """Starts the components in dependency order with fresh PKI under `workdir`; `stop` undoes it."""
 
-    def __init__(self, workdir: Path, binaries: Binaries) -> None:
+    def __init__(
+        self, workdir: Path, binaries: Binaries, apiserver_args: Sequence[str] = ()
+    ) -> None:
         self.workdir = workdir
         self.binaries = binaries
+        # Extra kube-apiserver flags (e.g. an audit log for counting a client's requests).
+        self.apiserver_args = list(apiserver_args)
         self.pki_dir = workdir / "pki"
         self.supervisor = Supervisor(workdir / "logs")
         self.apiserver_port = free_port()
@@ -250,6 +255,7 @@ class ControlPlane:
                 "--endpoint-reconciler-type=none",
                 "--profiling=false",
                 "--v=1",
+                *self.apiserver_args,
             ],
         )
         context = ssl.create_default_context(cafile=str(self.ca.cert_path))

@@ -33,9 +33,11 @@ from tandem.operator.api import (
     ServingClusterStatus,
     parse_manifest,
 )
+from tandem.operator.cache import ObjectCache
 from tandem.operator.kinds import CHILD_KINDS
 from tandem.operator.kube import Kube, KubeError
 from tandem.operator.ownership import Dependency, dependencies, foreign_owner
+from tandem.operator.peering import Leadership
 from tandem.operator.reconcile_plan import (
     ObjectKey,
     children_selector,
@@ -57,6 +59,7 @@ from tandem.operator.status import (
     component_roles,
     kept_blockers,
     phase_event,
+    status_changes,
     status_patch,
 )
 from tandem.operator.tokenizer import router_tokenizer
@@ -100,6 +103,8 @@ class ApplyOutcome:
     pruned: list[ObjectKey] = field(default_factory=list)
     # Existing objects of a rendered name that Tandem does not own: left alone, and why.
     conflicts: list[tuple[ObjectKey, str]] = field(default_factory=list)
+    # The objects as the API server returned them from the apply (their status is current).
+    live: dict[ObjectKey, dict[str, Any]] = field(default_factory=dict)
 
 
 def _served(kube: Kube, api_version: str, kind: str) -> bool:
@@ -108,8 +113,20 @@ def _served(kube: Kube, api_version: str, kind: str) -> bool:
     return kube.serves(api_version, kind)
 
 
-def apply_children(kube: Kube, body: Mapping[str, Any], sc: ServingCluster) -> ApplyOutcome:
-    """Apply every rendered child with an owner reference, then prune the ones no longer rendered."""
+def needs_prune(generation: int | None, observed_generation: int | None) -> bool:
+    """Whether a reconcile must look for children the spec no longer renders: only when the spec
+    changed since the last applied generation. A first apply of generation 1 has no older spec
+    whose children could be stale; the periodic resync prunes regardless (operator upgrades)."""
+    if generation == observed_generation:
+        return False
+    return not (observed_generation is None and generation == 1)
+
+
+def apply_children(
+    kube: Kube, body: Mapping[str, Any], sc: ServingCluster, prune: bool = True
+) -> ApplyOutcome:
+    """Apply every rendered child with an owner reference, then (when `prune`) delete the ones no
+    longer rendered (one LIST per prunable kind)."""
     outcome = ApplyOutcome()
     wanted = []
     uid = body["metadata"]["uid"]
@@ -125,9 +142,11 @@ def apply_children(kube: Kube, body: Mapping[str, Any], sc: ServingCluster) -> A
             continue
         # Forced only over an object already ours (taking back fields another manager changed);
         # a create is not forced, so an object someone makes meanwhile is a conflict, not taken.
-        kube.apply(with_owner(obj, body), force=current is not None)
+        outcome.live[key] = kube.apply(with_owner(obj, body), force=current is not None)
         wanted.append(obj)
         outcome.applied.append(key)
+    if not prune:
+        return outcome
     existing: list[dict[str, Any]] = []
     selector = children_selector(sc.name)
     for kind in CHILD_KINDS:
@@ -213,22 +232,45 @@ def reconcile_blockers(
     return blockers
 
 
-def read_deployments(kube: Kube, sc: ServingCluster) -> dict[Component, dict[str, Any] | None]:
-    return {
-        role: kube.get("apps/v1", "Deployment", sc.namespace, child_name(sc, role))
+@dataclass
+class Caches:
+    """Latest bodies from the watches and from the operator's own writes (cache.py)."""
+
+    clusters: ObjectCache = field(default_factory=ObjectCache)
+    deployments: ObjectCache = field(default_factory=ObjectCache)
+
+    def cluster_deployments(self, sc: ServingCluster) -> dict[ObjectKey, dict[str, Any]]:
+        labels = {LABEL_CLUSTER: sc.name, LABEL_MANAGED_BY: MANAGED_BY}
+        return {
+            ObjectKey("apps/v1", "Deployment", sc.namespace, body["metadata"]["name"]): body
+            for body in self.deployments.labelled(sc.namespace, labels)
+        }
+
+
+def read_deployments(
+    kube: Kube, sc: ServingCluster, live: Mapping[ObjectKey, dict[str, Any]] | None = None
+) -> dict[Component, dict[str, Any] | None]:
+    """The pool Deployments by role: from `live` (apply replies, the watch cache) when it holds
+    every one, else from one LIST by the children's label selector."""
+    keys = {
+        role: ObjectKey("apps/v1", "Deployment", sc.namespace, child_name(sc, role))
         for role in component_roles(sc)
     }
+    if live is None or not all(key in live for key in keys.values()):
+        listed = kube.list("apps/v1", "Deployment", sc.namespace, children_selector(sc.name))
+        live = {ObjectKey.of(obj): obj for obj in listed}
+    return {role: live.get(key) for role, key in keys.items()}
 
 
-_status_locks: dict[tuple[str, str], threading.Lock] = {}
+_status_locks: dict[tuple[str, str], threading.RLock] = {}
 _status_locks_guard = threading.Lock()
 
 
-def status_lock(namespace: str, name: str) -> threading.Lock:
+def status_lock(namespace: str, name: str) -> threading.RLock:
     """One lock per ServingCluster: handler threads and the child watch write its status in turn,
     so each compares with the status the previous writer left and announces a change once."""
     with _status_locks_guard:
-        return _status_locks.setdefault((namespace, name), threading.Lock())
+        return _status_locks.setdefault((namespace, name), threading.RLock())
 
 
 def report_status(
@@ -240,24 +282,36 @@ def report_status(
     observed_generation: int | None = None,
     applied: int | None = None,
     blockers: list[Blocker] | None = None,
+    live: Mapping[ObjectKey, dict[str, Any]] | None = None,
+    fresh: Mapping[str, Any] | None = None,
+    caches: Caches | None = None,
 ) -> str | None:
-    """Aggregate children into status, patch it, and post Events for a newly applied generation
-    and for a phase change. None when the object is gone."""
+    """Aggregate children into status, patch it when it changed, and post Events for a newly
+    applied generation and for a phase change. None when the object is gone.
+
+    `fresh` is the ServingCluster just read (else it is read here, under the lock); `live` the
+    children the apply returned (else the Deployments are listed). The patch's reply goes into
+    `caches`, so a refresh never compares with a status older than this one."""
     with status_lock(sc.namespace, sc.name):
-        fresh = kube.get(API_VERSION, KIND, sc.namespace, sc.name)
+        if fresh is None:
+            fresh = kube.get(API_VERSION, KIND, sc.namespace, sc.name)
         if fresh is None:
             return None
         current = sc.model_copy(update={"status": current_status(fresh)})
         status = aggregate_status(
             current,
-            read_deployments(kube, sc),
+            read_deployments(kube, sc, live),
             now_rfc3339(),
             apply_error,
             observed_generation,
             blockers,
         )
         metrics.record_pools(sc.namespace, sc.name, status)
-        kube.patch_status(API_VERSION, KIND, sc.namespace, sc.name, status_patch(status))
+        patch = status_patch(status)
+        if status_changes(fresh.get("status") or {}, patch):
+            stored = kube.patch_status(API_VERSION, KIND, sc.namespace, sc.name, patch)
+            if caches is not None and stored is not None:
+                caches.clusters.put(stored)
         before = " ".join(b.message for b in kept_blockers(current.status.conditions))
         for blocker in blockers or []:
             if blocker.message not in before:
@@ -297,9 +351,15 @@ def invalid_spec_status(problems: list[str], generation: int | None) -> dict[str
 
 @metrics.observe_reconcile
 def reconcile_body(
-    kube: Kube, body: Mapping[str, Any], events: EventSink = kopf_event
+    kube: Kube,
+    body: Mapping[str, Any],
+    events: EventSink = kopf_event,
+    full: bool = False,
+    caches: Caches | None = None,
 ) -> str | None:
     """Render, apply, prune and report one ServingCluster; returns its phase (None if it is gone).
+
+    Stale children are looked for when the spec changed (`needs_prune`) or when `full` (resync).
 
     Raises kopf.PermanentError for a spec that cannot be rendered (retrying will not help) and
     kopf.TemporaryError when the API server refused or failed an apply (retried after a delay).
@@ -320,7 +380,8 @@ def reconcile_body(
         raise kopf.PermanentError(f"invalid ServingCluster: {exc}") from None
     try:
         sc, engine_key = ensure_engine_key(kube, body, sc)
-        outcome = apply_children(kube, body, sc)
+        prune = full or needs_prune(generation, sc.status.observed_generation)
+        outcome = apply_children(kube, body, sc, prune)
     except KubeError as exc:
         message = f"applying children failed: {exc}"
         events(body, type="Warning", reason="ApplyFailed", message=message)
@@ -334,6 +395,10 @@ def reconcile_body(
         )
         raise kopf.TemporaryError(message, delay=RETRY_DELAY_S) from None
     blockers = reconcile_blockers(kube, sc, outcome, engine_key)
+    if caches is not None:
+        for key, obj in outcome.live.items():
+            if key.kind == "Deployment":
+                caches.deployments.put(obj)
     if outcome.pruned:
         pruned = ", ".join(map(str, outcome.pruned))
         events(
@@ -357,6 +422,8 @@ def reconcile_body(
         observed_generation=generation,
         applied=len(outcome.applied),
         blockers=blockers,
+        live=outcome.live,
+        caches=caches,
     )
 
 
@@ -379,12 +446,16 @@ def report_failure(
 
 
 def reconcile_reporting(
-    kube: Kube, body: Mapping[str, Any], events: EventSink = kopf_event
+    kube: Kube,
+    body: Mapping[str, Any],
+    events: EventSink = kopf_event,
+    full: bool = False,
+    caches: Caches | None = None,
 ) -> str | None:
     """`reconcile_body`, with any unexpected exception reported (report_failure) and turned
     into a kopf.TemporaryError, so kopf retries it after RETRY_DELAY_S."""
     try:
-        return reconcile_body(kube, body, events)
+        return reconcile_body(kube, body, events, full, caches)
     except (kopf.TemporaryError, kopf.PermanentError):
         raise
     except Exception as exc:
@@ -398,19 +469,68 @@ def refresh_owner_status(
     cluster_name: str,
     events: EventSink = kopf_event,
     reapply: bool = False,
+    caches: Caches | None = None,
 ) -> str | None:
     """Recompute a ServingCluster's status after one of its children changed (re-applying the
-    children first when one was deleted behind the operator's back). None if it is gone."""
-    body = kube.get(API_VERSION, KIND, namespace, cluster_name)
-    if body is None or body["metadata"].get("deletionTimestamp"):
-        return None
-    if reapply:
-        return reconcile_reporting(kube, body, events)
-    try:
-        sc = parse_manifest(body)
-    except ManifestError:
-        return None  # the main handlers report invalid specs
-    return report_status(kube, body, sc, events)
+    children first when one was deleted behind the operator's back). None if it is gone.
+
+    With `caches` (the watches' and our writes' latest bodies) a refresh that changes nothing
+    sends no request at all; without, it reads the ServingCluster and LISTs its Deployments.
+    Either way under the status lock, so it compares with the latest status this process wrote."""
+    with status_lock(namespace, cluster_name):
+        body = caches.clusters.get(namespace, cluster_name) if caches is not None else None
+        if body is None:
+            body = kube.get(API_VERSION, KIND, namespace, cluster_name)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            return None
+        if reapply:
+            return reconcile_reporting(kube, body, events, caches=caches)
+        try:
+            sc = parse_manifest(body)
+        except ManifestError:
+            return None  # the main handlers report invalid specs
+        live = caches.cluster_deployments(sc) if caches is not None else None
+        return report_status(kube, body, sc, events, live=live, fresh=body, caches=caches)
+
+
+class CoalescedRefresh:
+    """Child-change status refreshes, at most one pending or running per ServingCluster.
+
+    A Deployment rolling out changes its status many times a second; every change asks for a
+    refresh here, and the requests that arrive while one is waiting (`delay_s`) or running fold
+    into a single next run (re-applying if any of them was a deletion)."""
+
+    def __init__(self, refresh: Callable[[str, str, bool], object], delay_s: float = 1.0):
+        self.refresh = refresh
+        self.delay_s = delay_s
+        self.pending: dict[tuple[str, str], bool] = {}
+        self.tasks: dict[tuple[str, str], asyncio.Task[None]] = {}
+
+    def request(self, namespace: str, name: str, reapply: bool = False) -> None:
+        key = (namespace, name)
+        self.pending[key] = self.pending.get(key, False) or reapply
+        if key not in self.tasks:
+            self.tasks[key] = asyncio.get_running_loop().create_task(self._drain(key))
+
+    async def _drain(self, key: tuple[str, str]) -> None:
+        try:
+            while key in self.pending:
+                await asyncio.sleep(self.delay_s)
+                reapply = self.pending.pop(key)
+                try:
+                    await asyncio.to_thread(self.refresh, key[0], key[1], reapply)
+                except (KubeError, kopf.TemporaryError, kopf.PermanentError) as exc:
+                    log.warning("%s/%s: status refresh failed: %s", key[0], key[1], exc)
+        finally:
+            self.tasks.pop(key, None)
+
+    async def stop(self) -> None:
+        tasks = list(self.tasks.values())
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
 
 def list_serving_clusters(kube: Kube, namespaces: Sequence[str]) -> list[dict[str, Any]]:
@@ -439,7 +559,7 @@ def resync_once(kube: Kube, namespaces: Sequence[str], events: EventSink = kopf_
         if body["metadata"].get("deletionTimestamp"):
             continue
         try:
-            reconcile_reporting(kube, body, events)
+            reconcile_reporting(kube, body, events, full=True)
             done += 1
         except (kopf.TemporaryError, kopf.PermanentError) as exc:
             log.warning(
@@ -452,12 +572,18 @@ def resync_once(kube: Kube, namespaces: Sequence[str], events: EventSink = kopf_
 
 
 async def resync_forever(
-    client: Callable[[], Kube], period_s: float, namespaces: Sequence[str]
+    client: Callable[[], Kube],
+    period_s: float,
+    namespaces: Sequence[str],
+    leadership: Leadership,
 ) -> None:
-    """Resync every `period_s`; a failed pass is logged and the loop goes on (each object's own
-    failure is already reported on it by `resync_once`)."""
+    """Resync every `period_s` on the active replica (a standby skips its turn); a failed pass
+    is logged and the loop goes on (each object's own failure is already reported on it by
+    `resync_once`)."""
     while True:
         await asyncio.sleep(period_s)
+        if not leadership.active:
+            continue
         try:
             await asyncio.to_thread(resync_once, client(), namespaces)
         except Exception as exc:
@@ -482,28 +608,50 @@ def register(
     resync_seconds: float = 300.0,
     client: Callable[[], Kube] = kube,
     namespaces: Sequence[str] = (),
+    leadership: Leadership | None = None,
 ) -> None:
     """Register the ServingCluster handlers, the child-Deployment watch and the periodic resync
     into `registry`. The resync is a plain background loop rather than a kopf timer, because a
-    timer puts a finalizer on every object (deleting one would then need a running operator)."""
+    timer puts a finalizer on every object (deleting one would then need a running operator);
+    kopf's peering pause does not reach it, so it follows `leadership` (standalone: always)."""
+    leader = leadership or Leadership("standalone", 0)
+    caches = Caches()
+    refresher = CoalescedRefresh(
+        lambda namespace, name, reapply: refresh_owner_status(
+            client(), namespace, name, reapply=reapply, caches=caches
+        )
+    )
 
     @kopf.on.resume(GROUP, VERSION, PLURAL, id="reconcile", registry=registry)
     @kopf.on.create(GROUP, VERSION, PLURAL, id="reconcile", registry=registry)
     @kopf.on.update(GROUP, VERSION, PLURAL, field="spec", id="reconcile", registry=registry)
     def reconcile(body: kopf.Body, **_: Any) -> None:
-        reconcile_reporting(client(), body)
+        reconcile_reporting(client(), body, caches=caches)
+
+    @kopf.on.event(GROUP, VERSION, PLURAL, id="cluster_seen", registry=registry)
+    async def cluster_seen(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
+        meta = body.get("metadata", {})
+        if event.get("type") == "DELETED":
+            caches.clusters.drop(meta.get("namespace", ""), meta.get("name", ""))
+        else:
+            caches.clusters.put({"apiVersion": API_VERSION, "kind": KIND, **body})
 
     @kopf.on.startup(id="resync", registry=registry)
     async def start_resync(memo: kopf.Memo, **_: Any) -> None:
-        memo["resync"] = asyncio.create_task(resync_forever(client, resync_seconds, namespaces))
+        memo["resync"] = asyncio.create_task(
+            resync_forever(client, resync_seconds, namespaces, leader)
+        )
+        memo["leadership"] = asyncio.create_task(leader.follow(client))
 
     @kopf.on.cleanup(id="stop_resync", registry=registry)
     async def stop_resync(memo: kopf.Memo, **_: Any) -> None:
-        task = memo.get("resync")
-        if isinstance(task, asyncio.Task):
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        for name in ("resync", "leadership"):
+            task = memo.get(name)
+            if isinstance(task, asyncio.Task):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        await refresher.stop()
 
     @kopf.on.delete(GROUP, VERSION, PLURAL, optional=True, id="deleted", registry=registry)
     def deleted(body: kopf.Body, **_: Any) -> None:
@@ -519,12 +667,12 @@ def register(
         id="child_changed",
         registry=registry,
     )
-    def child_changed(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
+    async def child_changed(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
         owner = body.get("metadata", {}).get("labels", {}).get(LABEL_CLUSTER)
         namespace = body.get("metadata", {}).get("namespace")
-        if not owner or not namespace:
-            return
-        try:
-            refresh_owner_status(client(), namespace, owner, reapply=event.get("type") == "DELETED")
-        except (KubeError, kopf.TemporaryError, kopf.PermanentError) as exc:
-            log.warning("%s/%s: status refresh failed: %s", namespace, owner, exc)
+        if event.get("type") == "DELETED":
+            caches.deployments.drop(namespace or "", body.get("metadata", {}).get("name", ""))
+        else:
+            caches.deployments.put(body)
+        if owner and namespace:
+            refresher.request(namespace, owner, reapply=event.get("type") == "DELETED")

@@ -158,11 +158,13 @@ class Kube:
 
     def patch_status(
         self, api_version: str, kind: str, namespace: str, name: str, status: dict[str, Any]
-    ) -> None:
+    ) -> dict[str, Any] | None:
+        """Merge-patch the status; returns the object as stored after the patch."""
         path = object_path(api_version, kind, namespace, name) + "/status"
-        self.request(
+        result: dict[str, Any] | None = self.request(
             "PATCH", path, body={"status": status}, content_type="application/merge-patch+json"
         )
+        return result
 
     # --- discovery -------------------------------------------------------------------------
 

@@ -13,7 +13,18 @@ import kopf
 
 from tandem.operator import metrics
 from tandem.operator.api import GROUP
+from tandem.operator.handlers import kube as operator_kube
 from tandem.operator.handlers import register
+from tandem.operator.kube import KubeError
+from tandem.operator.peering import (
+    DEFAULT_LIFETIME_S,
+    Leadership,
+    ensure_peering_objects,
+    peering_paths,
+    replica_identity,
+    replica_priority,
+)
+from tandem.operator.render import LABEL_MANAGED_BY, MANAGED_BY
 
 AUTOSCALING_HANDLERS = "tandem.operator.autoscaling.handlers"
 FINALIZER = f"{GROUP}/finalizer"
@@ -36,7 +47,14 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "--peering", metavar="NAME",
         help="coordinate with other operator replicas through this KopfPeering object (default: standalone)",
     )  # fmt: skip
-    parser.add_argument("--priority", type=int, default=0, help="peering priority of this replica")
+    parser.add_argument(
+        "--priority", type=int, default=None,
+        help="peering priority of this replica (default: random, so replicas never tie)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--peering-lifetime", type=int, default=DEFAULT_LIFETIME_S, metavar="SECONDS",
+        help="how long a silent replica counts as alive: a standby takes over within this",
+    )  # fmt: skip
     parser.add_argument(
         "--liveness", metavar="URL", help="serve a liveness probe, e.g. http://0.0.0.0:8080/healthz"
     )
@@ -75,7 +93,14 @@ def operator_settings(args: argparse.Namespace) -> kopf.OperatorSettings:
     settings.watching.reconnect_backoff = 1.0
     settings.networking.request_timeout = 60
     settings.execution.max_workers = args.workers
-    settings.posting.level = logging.INFO
+    # kopf's own handler log lines (~5 INFO lines per reconcile) are not posted as Events: each
+    # is an apiserver request, and our handlers post the Events that matter. kopf's warnings and
+    # errors (a handler that failed) still are.
+    settings.posting.level = logging.WARNING
+    # Only the operator's own children reach it: the apiserver filters the Deployment watch by
+    # label, so on a shared cluster other tenants' Deployments are never sent (kopf's `labels=`
+    # on a handler only filters client-side, after the whole stream has arrived).
+    settings.watching.label_selectors["apps", "deployments"] = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
     if args.namespace and not any(set(ns) & set("*?!,") for ns in args.namespace):
         # Exact namespaces only (the chart's namespaced mode): nothing to discover, so kopf must
         # not list every namespace of the cluster, which that install is not allowed to do.
@@ -85,30 +110,51 @@ def operator_settings(args: argparse.Namespace) -> kopf.OperatorSettings:
     if args.peering:
         settings.peering.name = args.peering
         settings.peering.priority = args.priority
+        settings.peering.lifetime = args.peering_lifetime
         settings.peering.mandatory = True
     return settings
 
 
-def load_autoscaling(registry: kopf.OperatorRegistry) -> bool:
-    """Import the autoscaler's handlers when that package is present (it registers a kopf timer)."""
+def load_autoscaling(registry: kopf.OperatorRegistry, leadership: Leadership | None = None) -> bool:
+    """Import the autoscaler's handlers when that package is present; its loops scale only while
+    `leadership` says this replica is the active peer."""
     if importlib.util.find_spec(AUTOSCALING_HANDLERS) is None:
         return False
     module = importlib.import_module(AUTOSCALING_HANDLERS)
     register_autoscaling = getattr(module, "register", None)
     if callable(register_autoscaling):
-        register_autoscaling(registry)
+        leader = leadership or Leadership("standalone", 0)
+        register_autoscaling(registry, leading=lambda: leader.active)
     return True
 
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
+    args.priority = replica_priority(args.priority) if args.peering else 0
+    args.identity = replica_identity()
     kopf.configure(verbose=args.verbose, debug=args.debug)
     registry = kopf.get_default_registry()
-    register(registry, resync_seconds=args.resync_seconds, namespaces=args.namespace)
-    if load_autoscaling(registry):
+    leadership = Leadership(
+        args.identity,
+        args.priority,
+        peering_paths(args.peering, args.namespace) if args.peering else (),
+    )
+    register(
+        registry,
+        resync_seconds=args.resync_seconds,
+        namespaces=args.namespace,
+        leadership=leadership,
+    )
+    if load_autoscaling(registry, leadership):
         logging.getLogger("tandem.operator").info("autoscaling handlers loaded")
     if args.metrics_port is not None:
         metrics.serve(args.metrics_port, args.metrics_host)
+    if args.peering:
+        try:
+            ensure_peering_objects(operator_kube(), args.peering, args.namespace)
+        except KubeError as exc:
+            print(f"tandem operator: cannot create the peering objects: {exc}", file=sys.stderr)
+            return 1
     try:
         run(args, registry)
     except kopf.LoginError as exc:
@@ -127,6 +173,7 @@ def run(args: argparse.Namespace, registry: kopf.OperatorRegistry) -> None:
         standalone=args.peering is None,
         peering_name=args.peering,
         priority=args.priority,
+        identity=args.identity,
         clusterwide=not args.namespace,
         namespaces=args.namespace,
         liveness_endpoint=args.liveness,

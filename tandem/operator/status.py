@@ -319,6 +319,14 @@ def status_patch(status: ServingClusterStatus) -> dict[str, Any]:
     return patch
 
 
+def status_changes(stored: Mapping[str, Any], patch: Mapping[str, Any]) -> bool:
+    """Whether merging `patch` into the `stored` status would change it: some key differs, where
+    a None in the patch (a deletion) differs only from a key that is present."""
+    return any(
+        key in stored if value is None else stored.get(key) != value for key, value in patch.items()
+    )
+
+
 def phase_event(
     old: str | None, new: Phase, conditions: list[Condition]
 ) -> tuple[str, str, str] | None:

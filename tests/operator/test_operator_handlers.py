@@ -78,11 +78,12 @@ class FakeKube:
 
     def patch_status(
         self, api_version: str, kind: str, namespace: str, name: str, status: dict[str, Any]
-    ) -> None:
+    ) -> dict[str, Any]:
         key = ObjectKey(api_version, kind, namespace, name)
         if key not in self.objects:
             raise NotFound(404, "NotFound", name)
         self.objects[key]["status"] = {**self.objects[key].get("status", {}), **status}
+        return copy.deepcopy(self.objects[key])
 
     def request(self, method: str, path: str) -> dict[str, Any]:
         assert method == "GET"

@@ -205,14 +205,26 @@ async def report_failure(kube: Kube, body: Mapping[str, Any], exc: Exception) ->
 
 
 async def autoscale(
-    kube: Kube, latest: Callable[[], Mapping[str, Any]], logger: logging.Logger
+    kube: Kube,
+    latest: Callable[[], Mapping[str, Any]],
+    logger: logging.Logger,
+    leading: Callable[[], bool] = lambda: True,
 ) -> None:
-    """Evaluate every `spec.autoscaling.intervalSeconds` of the latest body, until cancelled."""
+    """Evaluate every `spec.autoscaling.intervalSeconds` of the latest body, until cancelled.
+
+    Only while `leading()`: of several operator replicas only the active peer scales (kopf's
+    peering pause does not reach this loop); a standby's turn passes, and it starts from fresh
+    state when it takes over."""
     states: dict[Role, ScalingMemory] = {}
     last: dict[Role, Decision] = {}
     while True:
         interval = 15.0
         body = latest()
+        if not leading():
+            states.clear()
+            last.clear()
+            await asyncio.sleep(interval)
+            continue
         try:
             autoscaling = AutoscalingSpec.model_validate(
                 body.get("spec", {}).get("autoscaling") or {}
@@ -233,9 +245,15 @@ class AutoscalerLoops:
     """One `autoscale` task per autoscaled ServingCluster (by uid), fed the latest body from
     watch events; a task stops when autoscaling is turned off or the object is deleted."""
 
-    def __init__(self, client: Callable[[], Kube], logger: logging.Logger) -> None:
+    def __init__(
+        self,
+        client: Callable[[], Kube],
+        logger: logging.Logger,
+        leading: Callable[[], bool] = lambda: True,
+    ) -> None:
         self.client = client
         self.logger = logger
+        self.leading = leading
         self.bodies: dict[str, Mapping[str, Any]] = {}
         self.tasks: dict[str, asyncio.Task[None]] = {}
 
@@ -248,7 +266,7 @@ class AutoscalerLoops:
         self.bodies[uid] = body
         if uid not in self.tasks:
             self.tasks[uid] = asyncio.get_running_loop().create_task(
-                autoscale(self.client(), lambda: self.bodies[uid], self.logger),
+                autoscale(self.client(), lambda: self.bodies[uid], self.logger, self.leading),
                 name=f"autoscaler-{body['metadata'].get('namespace')}-{body['metadata']['name']}",
             )
 
@@ -267,9 +285,14 @@ class AutoscalerLoops:
                 await task
 
 
-def register(registry: kopf.OperatorRegistry, client: Callable[[], Kube] = operator_kube) -> None:
-    """Drive `AutoscalerLoops` from ServingCluster watch events (which put no finalizer)."""
-    loops = AutoscalerLoops(client, logging.getLogger("tandem.operator.autoscaler"))
+def register(
+    registry: kopf.OperatorRegistry,
+    client: Callable[[], Kube] = operator_kube,
+    leading: Callable[[], bool] = lambda: True,
+) -> None:
+    """Drive `AutoscalerLoops` from ServingCluster watch events (which put no finalizer); the
+    loops scale only while `leading()` (this replica is the active peer)."""
+    loops = AutoscalerLoops(client, logging.getLogger("tandem.operator.autoscaler"), leading)
 
     @kopf.on.event(GROUP, VERSION, PLURAL, id="autoscaler", registry=registry)
     async def autoscaler_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:

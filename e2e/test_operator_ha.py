@@ -1,0 +1,150 @@
+"""Operator HA on the real control plane: the chart with `operator.replicas=2` runs two peered
+operator pods; the active one is killed (SIGKILL, no goodbye in the peering object) and the standby
+reconciles a spec change within 30 s, creating no duplicate and re-creating nothing.
+
+The ServingCluster has every pool at 0 replicas, so no engine process starts: what is under test
+is the operators, not the pods. The release is set back to one replica afterwards.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import signal
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+
+from e2e.conftest import CHART, OPERATOR_NAMESPACE, RELEASE, wait_for_operator
+from e2e.harness.kube import eventually, gone
+from e2e.harness.podrunner import PodRunner, RunningPod
+from e2e.harness.tools import Clients
+from tandem.operator.peering import is_active
+
+pytestmark = pytest.mark.e2e
+
+NAMESPACE = "ha"
+NAME = "ha"
+GROUP, VERSION, PLURAL = "tandem.dev", "v1alpha1", "servingclusters"
+PEERING = RELEASE  # the chart's fullname (the release name, as it contains the chart's)
+
+
+def _manifest(annotation: str) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "ServingCluster",
+        "metadata": {"name": NAME, "namespace": NAMESPACE},
+        "spec": {
+            "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
+            "prefill": {"replicas": 0},
+            "decode": {"replicas": 0},
+            "router": {"replicas": 0, "service": {"annotations": {"ha/step": annotation}}},
+        },
+    }
+
+
+@pytest.fixture(scope="module")
+def two_operators(
+    tandem_release: RunningPod, clients: Clients, pod_runner: PodRunner
+) -> Iterator[list[RunningPod]]:
+    """The release upgraded to two operator replicas, both live; one again afterwards."""
+
+    def upgrade(replicas: int) -> None:
+        clients.helm(
+            "upgrade", RELEASE, str(CHART), "--namespace", OPERATOR_NAMESPACE, "--reuse-values",
+            "--set", f"operator.replicas={replicas}", "--wait", "--timeout", "2m",
+        )  # fmt: skip
+
+    upgrade(2)
+
+    def both_live() -> list[RunningPod] | None:
+        live = [p for p in pod_runner.by_role("operator", OPERATOR_NAMESPACE) if p.child.alive()]
+        return live if len(live) == 2 else None
+
+    try:
+        operators = eventually(both_live, timeout_s=60, what="two operator pods")
+        yield operators
+    finally:
+        upgrade(1)
+        wait_for_operator(pod_runner)
+
+
+def _peers(custom: k8s.CustomObjectsApi) -> dict[str, Any]:
+    peering = custom.get_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings", PEERING)
+    peers: dict[str, Any] = peering.get("status") or {}
+    return peers
+
+
+def _active(custom: k8s.CustomObjectsApi, operators: list[RunningPod]) -> RunningPod | None:
+    """The operator pod whose process is the active peer (peer ids end in the process id)."""
+    peers = _peers(custom)
+    now = datetime.datetime.now(datetime.UTC)
+    for identity, info in peers.items():
+        if not is_active(peers, identity, int(info.get("priority", 0)), now):
+            continue
+        pid = int(identity.rsplit("-", 1)[1])
+        for operator in operators:
+            try:
+                if os.getpgid(pid) == operator.child.pid:  # the pod's process group
+                    return operator
+            except ProcessLookupError:
+                continue
+    return None
+
+
+def test_the_standby_takes_over_within_30_s(
+    two_operators: list[RunningPod], api: k8s.ApiClient
+) -> None:
+    core, custom = k8s.CoreV1Api(api), k8s.CustomObjectsApi(api)
+    core.create_namespace({"metadata": {"name": NAMESPACE}})
+    custom.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, _manifest("one"))
+
+    def router_annotation() -> str | None:
+        try:
+            service = core.read_namespaced_service(f"{NAME}-router", NAMESPACE)
+        except k8s.ApiException:
+            return None
+        return (service.metadata.annotations or {}).get("ha/step")
+
+    eventually(lambda: router_annotation() == "one", timeout_s=30, what="the first reconcile")
+    active = eventually(
+        lambda: _active(custom, two_operators), timeout_s=30, what="one active peer"
+    )
+    [standby] = [p for p in two_operators if p is not active]
+    uids = {s.metadata.name: s.metadata.uid for s in core.list_namespaced_service(NAMESPACE).items}
+
+    os.killpg(active.child.pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+    custom.patch_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, NAME, _manifest("two"))
+    eventually(lambda: router_annotation() == "two", timeout_s=30, what="the standby's reconcile")
+    took_s = time.monotonic() - killed_at
+    assert took_s < 30
+    assert standby.child.alive()
+    after = {s.metadata.name: s.metadata.uid for s in core.list_namespaced_service(NAMESPACE).items}
+    assert after == uids, "the take-over created or re-created children"
+
+    def observed() -> int | None:
+        body = custom.get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, NAME)
+        return body.get("status", {}).get("observedGeneration")  # type: ignore[no-any-return]
+
+    # The status follows the children it reports on (the Service above is applied first).
+    eventually(lambda: observed() == 2, timeout_s=10, what="status.observedGeneration 2")
+    print(f"standby reconciled {took_s:.1f} s after the active operator was killed")
+    # Our own loops (resync, autoscaler) follow the same peering: the standby now leads them.
+    eventually(
+        lambda: "this replica is now active" in standby.child.log.read_text(errors="replace"),
+        timeout_s=10,
+        what="the standby's leadership gate to open",
+    )
+
+    custom.delete_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, NAME)
+    eventually(
+        lambda: gone(
+            lambda: custom.get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, NAME)
+        ),
+        timeout_s=30,
+        what="the ServingCluster to go",
+    )

@@ -1,0 +1,67 @@
+"""The latest known body of objects the operator watches or writes, so that a status refresh after
+a child changed reads nothing from the API server.
+
+Bodies come from two places: the watch streams kopf already holds open (ServingClusters and the
+operator's Deployments) and the replies to the operator's own writes (apply, status patch). A body
+replaces the one held only when it is at least as new, by resourceVersion: a watch event that
+arrives after our own write's reply must not roll the status back. resourceVersion is formally
+opaque, but the API server's (etcd's revision) is an integer; a non-integer one is always taken.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+Key = tuple[str, str]  # (namespace, name)
+
+
+def _version(body: Mapping[str, Any]) -> int | None:
+    try:
+        return int(body.get("metadata", {}).get("resourceVersion", ""))
+    except ValueError:
+        return None
+
+
+def newer_or_same(candidate: Mapping[str, Any], held: Mapping[str, Any] | None) -> bool:
+    """Whether `candidate` may replace `held`: held is absent, either version is unreadable, or
+    candidate's resourceVersion is not older."""
+    if held is None:
+        return True
+    mine, theirs = _version(candidate), _version(held)
+    return mine is None or theirs is None or mine >= theirs
+
+
+class ObjectCache:
+    """Latest bodies of one kind by (namespace, name); thread-safe (handler threads and the
+    event loop both write)."""
+
+    def __init__(self) -> None:
+        self._items: dict[Key, dict[str, Any]] = {}
+        self._lock = threading.Lock()
+
+    def put(self, body: Mapping[str, Any]) -> None:
+        meta = body.get("metadata", {})
+        key = (meta.get("namespace", ""), meta.get("name", ""))
+        with self._lock:
+            if newer_or_same(body, self._items.get(key)):
+                self._items[key] = dict(body)
+
+    def drop(self, namespace: str, name: str) -> None:
+        with self._lock:
+            self._items.pop((namespace, name), None)
+
+    def get(self, namespace: str, name: str) -> dict[str, Any] | None:
+        with self._lock:
+            return self._items.get((namespace, name))
+
+    def labelled(self, namespace: str, labels: Mapping[str, str]) -> list[dict[str, Any]]:
+        """Bodies in `namespace` carrying every one of `labels`."""
+        with self._lock:
+            return [
+                body
+                for (ns, _), body in self._items.items()
+                if ns == namespace
+                and labels.items() <= (body.get("metadata", {}).get("labels") or {}).items()
+            ]
