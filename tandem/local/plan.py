@@ -31,6 +31,7 @@ from tandem.operator.tokenizer import (
     FETCH_CONTAINER,
     FETCH_SCRIPT,
     TOKENIZER_FILES,
+    engine_chat_template,
     router_tokenizer,
 )
 from tandem.router.config import AuthConfig, RouterConfig, StaticDiscovery, StaticEndpoint
@@ -267,6 +268,8 @@ def build_plan(
         port=options.router_port,
         static=static,
         tokenizer=engines_tokenizer(sc, options, run_dir),
+        # local engines and the router share the filesystem: a template file is readable as is
+        chat_template=engine_chat_template(sc)[0],
         auth=AuthConfig(engine_key=engine_key),
     )
     config_path = run_dir / "router.yaml"

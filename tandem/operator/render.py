@@ -23,7 +23,7 @@ from tandem.operator.api import (
     Toleration,
     pool_replicas,
 )
-from tandem.operator.tokenizer import router_tokenizer, tokenizer_pod_parts
+from tandem.operator.tokenizer import engine_chat_template, router_tokenizer, tokenizer_pod_parts
 from tandem.router.config import (
     AuthConfig,
     KubernetesDiscovery,
@@ -496,12 +496,14 @@ def router_config(
     port: int = ROUTER_PORT,
     static: StaticDiscovery | None = None,
     tokenizer: str | None = None,
+    chat_template: str | None = None,
     auth: AuthConfig | None = None,
 ) -> RouterConfig:
     """The router's configuration. In a pod it discovers this cluster's engines by watching Pods
     and reads its keys from mounted Secrets; `tandem up` passes its own address, a static engine
     list and its run's keys instead. `tokenizer` is where the router finds the model's tokenizer
-    files when the manifest's `router.tokenizer` names none."""
+    files when the manifest's `router.tokenizer` names none; `chat_template` the engines'
+    `--chat-template` as the router can read it (see tokenizer.py)."""
     spec = sc.spec
     router = spec.router
     return RouterConfig(
@@ -509,6 +511,8 @@ def router_config(
         port=port,
         served_model_name=spec.model.served_model_name,
         tokenizer=router.tokenizer or tokenizer,
+        chat_template=chat_template,
+        chat_template_kwargs=engine_chat_template(sc)[1],
         block_size=spec.engine.block_size,
         hash_algo=spec.engine.hash_algo,
         hash_seed=spec.engine.hash_seed,
@@ -536,7 +540,8 @@ def router_config(
 
 
 def router_config_map(sc: ServingCluster) -> dict[str, Any]:
-    config = router_config(sc, tokenizer=router_tokenizer(sc).path)
+    source = router_tokenizer(sc)
+    config = router_config(sc, tokenizer=source.path, chat_template=source.chat_template)
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",

@@ -224,6 +224,8 @@ def exact_tokenization(sc: ServingCluster) -> tuple[str, str, str]:
     if source.exact:
         reason = {"configured": "RouterTokenizer", "hub": "FetchedFromHub", "volume": "ModelVolume"}
         return "True", reason[source.kind], source.message
+    if source.path is not None:
+        return "False", "ChatTemplateUnreadable", source.message
     return "False", "NoTokenizerSource", source.message
 
 

@@ -10,10 +10,17 @@ Where the files come from, in order (pure; `router_tokenizer`):
    ReadWriteMany, or the same node).
 Otherwise (a path baked into the engine image) the router keys prefixes by its approximation, and
 the ServingCluster says so: condition ExactTokenization=False and a Warning Event.
+
+The engines' own chat-template override (vLLM's `--chat-template`, a file or the template text, and
+`--default-chat-template-kwargs`, in the decode pool's arguments) reaches the router too: the text
+as it is, a file when it lies on the model volume the router mounts. A file the router cannot read
+makes chat keys approximate, and the status says so the same way.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -42,15 +49,50 @@ FETCH_SCRIPT = (
 
 @dataclass(frozen=True)
 class TokenizerSource:
-    """How the router pod gets the tokenizer: `path` is its directory there (None: no tokenizer)."""
+    """How the router pod gets the tokenizer: `path` is its directory there (None: no tokenizer);
+    `chat_template` the engines' override as the router reads it (None: the model's own)."""
 
     kind: Literal["configured", "hub", "volume", "none"]
     path: str | None
     message: str
+    chat_template: str | None = None
+    chat_template_readable: bool = True
 
     @property
     def exact(self) -> bool:
-        return self.path is not None
+        return self.path is not None and self.chat_template_readable
+
+
+def _last_flag(args: list[str], flag: str) -> str | None:
+    """The value of the last `flag VALUE` or `flag=VALUE` in argv (argparse: the last one wins)."""
+    value = None
+    for index, arg in enumerate(args):
+        if arg == flag and index + 1 < len(args):
+            value = args[index + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
+def is_template_text(value: str) -> bool:
+    """vLLM's `--chat-template` is a file path unless it holds template syntax or newlines."""
+    return any(c in value for c in "{}\n")
+
+
+def engine_chat_template(sc: ServingCluster) -> tuple[str | None, dict[str, Any]]:
+    """The decode engines' `--chat-template` and `--default-chat-template-kwargs` (decode answers
+    chat requests, and prefill renders them the same way)."""
+    args = sc.spec.engine.extra_args + sc.spec.decode.extra_args
+    kwargs_text = _last_flag(args, "--default-chat-template-kwargs")
+    kwargs: dict[str, Any] = {}
+    if kwargs_text is not None:
+        try:
+            kwargs = json.loads(kwargs_text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"--default-chat-template-kwargs is not JSON: {exc}") from exc
+        if not isinstance(kwargs, dict):
+            raise ValueError("--default-chat-template-kwargs must be a JSON object")
+    return _last_flag(args, "--chat-template"), kwargs
 
 
 def _is_hub_id(name: str) -> bool:
@@ -59,6 +101,27 @@ def _is_hub_id(name: str) -> bool:
 
 
 def router_tokenizer(sc: ServingCluster) -> TokenizerSource:
+    source = _tokenizer_files(sc)
+    template, _ = engine_chat_template(sc)
+    if template is None or is_template_text(template):
+        return dataclasses.replace(source, chat_template=template)
+    cache = sc.spec.model.cache
+    if (
+        source.kind == "volume"
+        and cache
+        and template.startswith(cache.mount_path.rstrip("/") + "/")
+    ):
+        return dataclasses.replace(source, chat_template=template)
+    return dataclasses.replace(
+        source,
+        chat_template_readable=False,
+        message=f"{source.message}; the engines' --chat-template file {template} is not in the "
+        "router pod, so chat prompts are keyed by the model's own template: give the template "
+        "text itself in extraArgs, or put the file on spec.model.cache beside the tokenizer",
+    )
+
+
+def _tokenizer_files(sc: ServingCluster) -> TokenizerSource:
     spec = sc.spec
     if spec.router.tokenizer:
         return TokenizerSource(

@@ -26,19 +26,24 @@ FROM_ROUTER_SPEC = {
     "log_level": "log_level",
 }
 # Taken from elsewhere in the spec: the model's name and the engines' block hashing.
-FROM_OTHER_SPEC = {"served_model_name", "block_size", "hash_algo", "hash_seed"}
+# chat_template / chat_template_kwargs: the engines' own --chat-template flags (tokenizer.py)
+FROM_OTHER_SPEC = {
+    "served_model_name",
+    "block_size",
+    "hash_algo",
+    "hash_seed",
+    "chat_template",
+    "chat_template_kwargs",
+}
 # Decided by the operator: where the router listens and finds its engines; KV events are always
 # rendered on the engines, so the router always subscribes; `auth` holds the paths where the
 # operator mounts the Secrets that `spec.router.auth` names; `trust` its admin port.
 SET_BY_OPERATOR = {"host", "port", "kubernetes", "static", "kv_events", "auth", "trust"}
 # Not settable from a ServingCluster (yet): API keys want a Secret reference; the operator renders
-# no vLLM renderer service for `render_url`/`render_mode`, and no chat-template override for the
-# engines (one passed in `engine.extraArgs` does not reach the router); the others are internal
-# bounds with safe defaults.
+# no vLLM renderer service for `render_url`/`render_mode`; the others are internal bounds with
+# safe defaults.
 NOT_EXPOSED = {
     "http",  # client-connection limits (docs/reliability.md), safe defaults
-    "chat_template",
-    "chat_template_kwargs",
     "health_check_interval_s",
     "index_max_blocks_per_engine",
     "api_keys",

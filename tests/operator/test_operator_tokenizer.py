@@ -127,3 +127,41 @@ def test_a_hub_model_reports_exact_tokenization() -> None:
     status = aggregate_status(cluster(), {}, "2026-12-01T00:00:00Z")
     (condition,) = [c for c in status.conditions if c.type == "ExactTokenization"]
     assert (condition.status, condition.reason) == ("True", "FetchedFromHub")
+
+
+def test_the_engines_inline_chat_template_and_kwargs_reach_the_router() -> None:
+    template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+    sc = cluster(
+        engine={
+            "extraArgs": [
+                "--chat-template",
+                template,
+                '--default-chat-template-kwargs={"enable_thinking": false}',
+            ]
+        }
+    )
+    config = router_config_of(render(sc))
+    assert config.chat_template == template
+    assert config.chat_template_kwargs == {"enable_thinking": False}
+    assert router_tokenizer(sc).exact
+
+
+def test_a_chat_template_file_on_the_model_volume_is_read_there() -> None:
+    sc = cluster(
+        model={"name": "/models/llama-3", "cache": {"pvc": "models", "mountPath": "/models"}},
+        decode={"extraArgs": ["--chat-template=/models/templates/chat.jinja"]},
+    )
+    assert router_config_of(render(sc)).chat_template == "/models/templates/chat.jinja"
+    assert router_tokenizer(sc).exact
+
+
+def test_a_chat_template_file_the_router_cannot_read_makes_routing_approximate() -> None:
+    sc = cluster(engine={"extraArgs": ["--chat-template", "/etc/vllm/chat.jinja"]})
+    source = router_tokenizer(sc)
+    assert source.path is not None
+    assert not source.exact
+    assert "/etc/vllm/chat.jinja" in source.message
+    assert router_config_of(render(sc)).chat_template is None
+    status = aggregate_status(sc, {}, "2026-12-01T00:00:00Z")
+    (condition,) = [c for c in status.conditions if c.type == "ExactTokenization"]
+    assert (condition.status, condition.reason) == ("False", "ChatTemplateUnreadable")
