@@ -109,7 +109,13 @@ def test_the_standby_takes_over_within_30_s(
             return None
         return (service.metadata.annotations or {}).get("ha/step")
 
+    def observed() -> int | None:
+        body = custom.get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, NAME)
+        return body.get("status", {}).get("observedGeneration")  # type: ignore[no-any-return]
+
     eventually(lambda: router_annotation() == "one", timeout_s=30, what="the first reconcile")
+    # The status is written after every child of the generation is applied: then all exist.
+    eventually(lambda: observed() == 1, timeout_s=30, what="status.observedGeneration 1")
     active = eventually(
         lambda: _active(custom, two_operators), timeout_s=30, what="one active peer"
     )
@@ -125,10 +131,6 @@ def test_the_standby_takes_over_within_30_s(
     assert standby.child.alive()
     after = {s.metadata.name: s.metadata.uid for s in core.list_namespaced_service(NAMESPACE).items}
     assert after == uids, "the take-over created or re-created children"
-
-    def observed() -> int | None:
-        body = custom.get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, NAME)
-        return body.get("status", {}).get("observedGeneration")  # type: ignore[no-any-return]
 
     # The status follows the children it reports on (the Service above is applied first).
     eventually(lambda: observed() == 2, timeout_s=10, what="status.observedGeneration 2")
