@@ -3,7 +3,7 @@ controller-manager, scheduler, KWOK): apply → children latency, a burst of N S
 the operator's peak RSS and its apiserver requests per ServingCluster.
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/operator_scale.py --clusters 100 500
-    ... --operator-tree /work/main     # the same measurement of another checkout's operator
+    ... --operator-tree ../other-checkout     # the same measurement of another checkout's operator
 
 Method. The operator runs as its own process (`tandem operator -n bench`, the code of
 `--operator-tree`) with a ServiceAccount token bound to cluster-admin, so the apiserver's audit
