@@ -107,6 +107,10 @@ class RouterConfig(_Strict):
 
     host: str = "0.0.0.0"
     port: int = 8000
+    # Router processes sharing `port` (SO_REUSEPORT): each is a whole router (index, KV-event
+    # subscribers, engine monitor) and the kernel spreads connections over them; a supervisor
+    # restarts any that dies and serves the admin port with their metrics merged.
+    processes: int = Field(1, ge=1, le=64)
     served_model_name: str = Field(alias="servedModelName")
     # Path or HF-format directory with tokenizer.json; None uses the documented approximation.
     tokenizer: str | None = None
