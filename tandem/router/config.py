@@ -153,6 +153,14 @@ class RouterConfig(_Strict):
             raise ValueError("set exactly one of `kubernetes` and `static` discovery")
         return self
 
+    @model_validator(mode="after")
+    def _processes_admin_port(self) -> RouterConfig:
+        # The supervisor serves the workers' merged metrics there; without it /metrics would be
+        # one arbitrary process's, on the main port.
+        if self.processes > 1 and self.trust.admin_port is None:
+            raise ValueError("processes > 1 needs trust.adminPort (the merged /metrics)")
+        return self
+
     @classmethod
     def from_yaml_file(cls, path: str | Path) -> RouterConfig:
         return cls.model_validate(yaml.safe_load(Path(path).read_text()))

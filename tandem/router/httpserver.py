@@ -383,13 +383,15 @@ class HttpServer:
     def count(self, event: str) -> None:
         self.counts[event] = self.counts.get(event, 0) + 1
 
-    async def start(self, host: str, port: int) -> int:
+    async def start(self, host: str, port: int, reuse_port: bool = False) -> int:
+        """Listen on host:port (`reuse_port`: beside the other router processes of one port)."""
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             lambda: HttpConnection(self.handler, self.limits, self.max_body_bytes, self),
             host,
             port,
             reuse_address=True,
+            reuse_port=reuse_port,
             backlog=2048,
         )
         sock = self._server.sockets[0]

@@ -25,6 +25,9 @@ KV handoff:      --side-channel ENGINE_URL=PORT: a prefill engine's VLLM_NIXL_SI
 trust:           --admin-key KEY makes a client trusted (priority and x-tandem-debug headers
                  honoured, /metrics and /engines served); --trust-all-clients trusts everyone;
                  --admin-port PORT serves /metrics and /engines there only.
+processes:       --processes N runs N router processes on one port (SO_REUSEPORT) under a
+                 supervisor that restarts them and serves --admin-port (required) with their
+                 metrics merged; admission limits are split among them (docs/router.md).
 """
 
 
@@ -40,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--host")
     p.add_argument("--port", type=int)
+    p.add_argument(
+        "--processes", type=int, help="router processes sharing the port (needs --admin-port)"
+    )
     p.add_argument(
         "--model", "--served-model-name", dest="model", help="the model name clients send"
     )
@@ -166,6 +172,7 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
     flat = {
         "host": args.host,
         "port": args.port,
+        "processes": args.processes,
         "servedModelName": args.model,
         "blockSize": args.block_size,
         "hashAlgo": args.hash_algo,
@@ -220,11 +227,23 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
     return RouterConfig.model_validate(data)
 
 
-async def serve(config: RouterConfig) -> None:
+async def serve(config: RouterConfig) -> int:
+    """Run one router process until SIGTERM or SIGINT (a supervisor's worker when started by one:
+    the port shared, its admin port private and reported); the exit status."""
     from tandem.router.service import RouterService
+    from tandem.router.supervisor import ADMIN_HOST, WorkerLink
 
-    service = RouterService(config)
+    link = WorkerLink.from_env()
+    if link is not None:
+        link.bind_to_supervisor()
+    service = RouterService(
+        config,
+        reuse_port=link is not None,
+        admin_host=ADMIN_HOST if link is not None else None,
+    )
     await service.start()
+    if link is not None and service.admin_port is not None:
+        link.ready(service.admin_port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -232,6 +251,7 @@ async def serve(config: RouterConfig) -> None:
             loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     await service.stop()
+    return 0
 
 
 def main(argv: list[str]) -> int:
@@ -244,10 +264,14 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(
         level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    if config.processes > 1:
+        from tandem.router.supervisor import supervise
+
+        run = supervise(config)
+    else:
+        run = serve(config)
     try:
         import uvloop
-
-        uvloop.run(serve(config))
     except ImportError:
-        asyncio.run(serve(config))
-    return 0
+        return asyncio.run(run)
+    return uvloop.run(run)

@@ -37,8 +37,14 @@ _ADMIN_PATHS = frozenset(("/metrics", "/engines"))
 class RouterService:
     """One router process: its state, its HTTP servers, discovery and the per-engine tasks."""
 
-    def __init__(self, config: RouterConfig):
+    def __init__(
+        self, config: RouterConfig, *, reuse_port: bool = False, admin_host: str | None = None
+    ):
+        """`reuse_port` and `admin_host` make it one worker of several on one port (supervisor.py):
+        the port shared with SO_REUSEPORT, the admin endpoint on a private address."""
         self.config = config
+        self.reuse_port = reuse_port
+        self.admin_host = admin_host or config.host
         self.state = RouterState(config)
         self.pool = self.state.pool
         self.metrics = self.state.metrics
@@ -78,10 +84,10 @@ class RouterService:
             )
             self._watcher.start()
         self.monitor.start()
-        self.port = await self.server.start(self.config.host, self.config.port)
+        self.port = await self.server.start(self.config.host, self.config.port, self.reuse_port)
         if self.admin_server is not None and self.config.trust.admin_port is not None:
             self.admin_port = await self.admin_server.start(
-                self.config.host, self.config.trust.admin_port
+                self.admin_host, self.config.trust.admin_port
             )
         log.info(
             "router listening on %s:%d%s (%d engines, %s index)",

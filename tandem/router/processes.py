@@ -1,0 +1,65 @@
+"""Decisions of a router that runs several processes on one port (see supervisor.py for the I/O).
+
+Each worker process is a whole router; what is per router is split among them:
+
+    worker limit = ceil(limit / processes)
+
+for admission's `maxInFlight`, `maxQueue` and `maxQueuePerPriority`, so the processes together admit
+at least what one router would (at most `processes - 1` more), without a shared counter that would
+cost a cross-process round trip per request. `http.maxConnections` stays per process: it bounds one
+process's sockets and memory, and the kernel spreads connections over the processes unevenly.
+
+A worker that exits is restarted after
+
+    delay = min(RESTART_BASE_S * 2 ** (exits in the last RESTART_WINDOW_S - 1), RESTART_CAP_S)
+
+so a worker that keeps crashing is restarted at most once per `RESTART_CAP_S`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tandem.router.config import RouterConfig
+
+RESTART_BASE_S = 0.25
+RESTART_CAP_S = 30.0
+RESTART_WINDOW_S = 120.0
+
+
+def split_limit(limit: int, processes: int) -> int:
+    """One process's share of a per-router limit: ceil(limit / processes), at least 1."""
+    return max(1, -(-limit // processes))
+
+
+def worker_config(config: RouterConfig, port: int) -> RouterConfig:
+    """The configuration of one worker of `config`: one process on the shared `port`, its share
+    of the admission limits, its admin endpoint on a private port (the supervisor serves the
+    configured one)."""
+    n = config.processes
+    admission = config.admission
+    per_priority = admission.max_queue_per_priority
+    return config.model_copy(
+        update={
+            "processes": 1,
+            "port": port,
+            "admission": admission.model_copy(
+                update={
+                    "max_in_flight": split_limit(admission.max_in_flight, n),
+                    "max_queue": split_limit(admission.max_queue, n),
+                    "max_queue_per_priority": (
+                        None if per_priority is None else split_limit(per_priority, n)
+                    ),
+                }
+            ),
+            "trust": config.trust.model_copy(update={"admin_port": 0}),
+        }
+    )
+
+
+def restart_delay(exits: Sequence[float], now: float) -> float:
+    """Seconds to wait before restarting a worker whose exits happened at monotonic `exits`."""
+    recent = sum(1 for t in exits if now - t <= RESTART_WINDOW_S)
+    if recent == 0:
+        return 0.0
+    return float(min(RESTART_BASE_S * 2 ** (recent - 1), RESTART_CAP_S))

@@ -1,0 +1,222 @@
+"""`tandem router --processes N`: workers on one port under a supervisor, over real sockets.
+
+The merge of the workers' expositions, the admission split and the restart backoff are checked as
+pure functions; the rest runs real processes: an emulator engine and a two-process router.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+
+import httpx
+import psutil
+import pytest
+from pydantic import ValidationError
+from router_harness import Engine, Router, metric, metrics, running
+
+from tandem.common.ports import free_port
+from tandem.router.config import RouterConfig
+from tandem.router.metrics_merge import merge_families, render_families
+from tandem.router.processes import (
+    RESTART_BASE_S,
+    RESTART_CAP_S,
+    restart_delay,
+    split_limit,
+    worker_config,
+)
+
+WORKER_A = """\
+# HELP tandem_router_requests_total Requests answered.
+# TYPE tandem_router_requests_total counter
+tandem_router_requests_total{route="local",status="200"} 3.0
+# HELP tandem_router_queue_seconds Time waiting.
+# TYPE tandem_router_queue_seconds histogram
+tandem_router_queue_seconds_bucket{priority="0",le="0.5"} 2.0
+tandem_router_queue_seconds_bucket{priority="0",le="+Inf"} 3.0
+tandem_router_queue_seconds_count{priority="0"} 3.0
+tandem_router_queue_seconds_sum{priority="0"} 0.75
+"""
+WORKER_B = """\
+# HELP tandem_router_requests_total Requests answered.
+# TYPE tandem_router_requests_total counter
+tandem_router_requests_total{route="local",status="200"} 5.0
+tandem_router_requests_total{route="local",status="429"} 1.0
+# HELP tandem_router_engine_healthy Engine healthy.
+# TYPE tandem_router_engine_healthy gauge
+tandem_router_engine_healthy{pool="decode",endpoint="e"} 1.0
+"""
+
+
+def test_merge_labels_every_sample_and_states_each_family_once() -> None:
+    text = render_families(merge_families([("0", WORKER_A), ("1", WORKER_B)])).decode()
+    assert text.count("# TYPE tandem_router_requests_total counter") == 1
+    assert text.count("# HELP tandem_router_requests_total ") == 1
+    assert text.count("# TYPE tandem_router_queue_seconds histogram") == 1
+    assert 'tandem_router_requests_total{process="0",route="local",status="200"} 3.0' in text
+    assert 'tandem_router_requests_total{process="1",route="local",status="200"} 5.0' in text
+    assert 'tandem_router_requests_total{process="1",route="local",status="429"} 1.0' in text
+    assert 'tandem_router_queue_seconds_bucket{le="+Inf",priority="0",process="0"} 3.0' in text
+    assert 'tandem_router_engine_healthy{endpoint="e",pool="decode",process="1"} 1.0' in text
+    # Summed over processes, the totals are what one router would have counted.
+    assert metric(text, "tandem_router_requests_total", status="200") == 8.0
+    samples = [line for line in text.splitlines() if line and not line.startswith("#")]
+    assert all('process="' in line for line in samples)
+    assert len(samples) == 8
+
+
+def test_admission_limits_are_split_with_ceiling_division() -> None:
+    assert [split_limit(1024, n) for n in (1, 2, 3, 4, 64)] == [1024, 512, 342, 256, 16]
+    assert split_limit(1, 4) == 1
+    config = RouterConfig.model_validate(
+        {
+            "servedModelName": "tiny",
+            "processes": 3,
+            "static": {"workers": [{"url": "http://127.0.0.1:1"}]},
+            "trust": {"adminPort": 9901, "adminKeys": ["k"]},
+            "admission": {"maxInFlight": 100, "maxQueue": 10, "maxQueuePerPriority": 5},
+        }
+    )
+    worker = worker_config(config, 8123)
+    assert (worker.processes, worker.port, worker.trust.admin_port) == (1, 8123, 0)
+    assert worker.trust.admin_keys == ["k"]
+    admission = worker.admission
+    assert (admission.max_in_flight, admission.max_queue, admission.max_queue_per_priority) == (
+        34,
+        4,
+        2,
+    )
+    # What the supervisor writes is what a worker reads back.
+    assert RouterConfig.model_validate(json.loads(worker.model_dump_json(by_alias=True))) == worker
+
+
+def test_several_processes_need_an_admin_port() -> None:
+    with pytest.raises(ValidationError, match="adminPort"):
+        RouterConfig.model_validate(
+            {
+                "servedModelName": "tiny",
+                "processes": 2,
+                "static": {"workers": [{"url": "http://127.0.0.1:1"}]},
+            }
+        )
+
+
+def test_restart_backoff_doubles_and_is_capped() -> None:
+    assert restart_delay([], 100.0) == 0.0
+    assert restart_delay([99.0], 100.0) == RESTART_BASE_S
+    assert restart_delay([97.0, 98.0, 99.0], 100.0) == 4 * RESTART_BASE_S
+    assert restart_delay([float(t) for t in range(50, 100)], 100.0) == RESTART_CAP_S
+    assert restart_delay([-1000.0, 99.0], 100.0) == RESTART_BASE_S  # old exits forgotten
+
+
+def _wait_until(ready: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert time.monotonic() < deadline, "not ready in time"
+        time.sleep(0.1)
+
+
+def _healthy_processes(admin_url: str) -> int:
+    """Processes that see the engine healthy (each checks it on its own)."""
+    text = metrics(admin_url)
+    return sum(metric(text, "tandem_router_engine_healthy", process=str(i)) > 0 for i in range(2))
+
+
+def _workers(supervisor: int) -> list[int]:
+    return sorted(p.pid for p in psutil.Process(supervisor).children())
+
+
+def _stream(router: Router, started: threading.Barrier, outcomes: list[str]) -> None:
+    body = {"model": "tiny", "prompt": "hello", "max_tokens": 400, "stream": True}
+    try:
+        with (
+            httpx.Client(timeout=30) as client,
+            client.stream("POST", router.url + "/v1/completions", json=body) as response,
+        ):
+            chunks = response.iter_raw()
+            next(chunks)
+            started.wait(20)
+            for _ in chunks:
+                pass
+        outcomes.append("completed")
+    except (httpx.HTTPError, threading.BrokenBarrierError):
+        outcomes.append("broken")
+
+
+def test_two_processes_serve_restart_and_stop_together() -> None:
+    engine = Engine(None, speedup=2.0)
+    admin = free_port()
+    router = Router(["--worker", engine.url, "--processes", "2", "--admin-port", str(admin)])
+    admin_url = f"http://127.0.0.1:{admin}"
+    with running(engine, router):
+        _wait_until(lambda: _healthy_processes(admin_url) == 2)
+        first = _workers(router.proc.pid)
+        assert len(first) == 2
+        # Fresh connections are spread over both processes; each counts its own requests.
+        body = {"model": "tiny", "prompt": "hi", "max_tokens": 2}
+        for _ in range(40):
+            response = httpx.post(router.url + "/v1/completions", json=body, timeout=30)
+            assert response.status_code == 200
+        text = metrics(admin_url)
+        served = [metric(text, "tandem_router_requests_total", process=str(i)) for i in (0, 1)]
+        assert sum(served) == 40
+        assert min(served) > 0, served
+        assert httpx.get(admin_url + "/health").status_code == 200
+        assert httpx.get(admin_url + "/engines").json()[0]["url"] == engine.url
+
+        # Streams open on the killed process break; those on the other one complete.
+        streams = 12
+        started = threading.Barrier(streams + 1)
+        outcomes: list[str] = []
+        threads = [
+            threading.Thread(target=_stream, args=(router, started, outcomes))
+            for _ in range(streams)
+        ]
+        for thread in threads:
+            thread.start()
+        started.wait(20)
+        victim = first[0]
+        psutil.Process(victim).send_signal(signal.SIGKILL)
+        for thread in threads:
+            thread.join(30)
+        assert outcomes.count("broken") > 0, outcomes
+        assert outcomes.count("completed") > 0, outcomes
+        for _ in range(10):
+            response = httpx.post(router.url + "/v1/completions", json=body, timeout=30)
+            assert response.status_code == 200
+
+        _wait_until(lambda: _healthy_processes(admin_url) == 2)
+        text = metrics(admin_url)
+        assert metric(text, "tandem_router_processes_alive") == 2
+        assert metric(text, "tandem_router_process_restarts_total") == 1
+        second = _workers(router.proc.pid)
+        assert len(second) == 2
+        assert victim not in second
+
+        router.proc.send_signal(signal.SIGTERM)
+        assert router.proc.wait(20) == 0
+        assert not any(psutil.pid_exists(pid) for pid in second)
+        with socket.socket() as sock:  # a new router may listen there
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(("127.0.0.1", router.port))
+            sock.listen()
+
+
+def test_a_port_held_by_another_process_is_refused() -> None:
+    with socket.socket() as holder:
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        worker = ["--worker", "http://127.0.0.1:1"]
+        # The last --port wins over the harness's own.
+        router = Router([*worker, "--processes", "2", "--admin-port", "0", "--port", str(port)])
+        try:
+            assert router.proc.wait(20) == 1
+            assert f"127.0.0.1:{port} is already in use by another process" in router.output()
+        finally:
+            router.stop()
