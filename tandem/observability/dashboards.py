@@ -402,18 +402,28 @@ def router() -> DashboardSpec:
             PanelSpec(
                 title="Admission queue and in-flight per engine",
                 description="Requests waiting in the router's admission queue, and router "
-                "requests open on each engine.",
+                "requests open on each engine (summed over router replicas and processes).",
                 width=8,
                 targets=(
                     _t(f"sum({_cluster(n.ROUTER_QUEUE_WAITING)})", "admission queue"),
-                    _t(_cluster(n.ROUTER_ENGINE_IN_FLIGHT), "{{pool}} {{endpoint}}"),
+                    _t(
+                        f"sum by (pool, endpoint) ({_cluster(n.ROUTER_ENGINE_IN_FLIGHT)})",
+                        "{{pool}} {{endpoint}}",
+                    ),
                 ),
             ),
             PanelSpec(
                 title="Healthy engines by pool",
-                description="Engines passing the router's health checks.",
+                description="Engines passing the health checks of at least one router "
+                "process (each router replica and process checks on its own).",
                 width=24,
-                targets=(_t(f"sum by (pool) ({_cluster(n.ROUTER_ENGINE_HEALTHY)})", "{{pool}}"),),
+                targets=(
+                    _t(
+                        "sum by (pool) (max by (pool, endpoint) "
+                        f"({_cluster(n.ROUTER_ENGINE_HEALTHY)}))",
+                        "{{pool}}",
+                    ),
+                ),
             ),
         ),
     )
