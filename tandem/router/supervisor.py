@@ -117,8 +117,6 @@ class Supervisor:
     """Starts, restarts and stops the worker processes of one router and serves its admin port."""
 
     def __init__(self, config: RouterConfig):
-        if config.trust.admin_port is None:
-            raise ValueError("several router processes need trust.adminPort")
         self.config = config
         self.workers = [Worker(i) for i in range(config.processes)]
         self.admin = HttpServer(self.handle_admin, 1024, config.http)
@@ -136,7 +134,7 @@ class Supervisor:
             worker_config(self.config, self.port).model_dump_json(by_alias=True)
         )
         admin_port = self.config.trust.admin_port
-        assert admin_port is not None
+        assert admin_port is not None  # RouterConfig requires it with several processes
         self.admin_port = await self.admin.start(self.config.host, admin_port)
         started = await asyncio.gather(*(self._spawn(w) for w in self.workers))
         if not all(started):
@@ -218,7 +216,10 @@ class Supervisor:
             )
             await asyncio.sleep(delay)
             worker.restarts += 1
-            await self._spawn(worker)
+            try:
+                await self._spawn(worker)
+            except OSError:  # could not even start it (fds, memory): count it as an exit
+                log.exception("router process %d could not be started", worker.index)
 
     async def _stop_workers(self) -> None:
         running = [

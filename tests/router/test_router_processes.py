@@ -21,6 +21,7 @@ from router_harness import Engine, Router, metric, metrics, running
 
 from tandem.common.ports import free_port
 from tandem.router.config import RouterConfig
+from tandem.router.main import build_parser, config_from_args
 from tandem.router.metrics_merge import merge_families, render_families
 from tandem.router.processes import (
     RESTART_BASE_S,
@@ -92,6 +93,13 @@ def test_admission_limits_are_split_with_ceiling_division() -> None:
     )
     # What the supervisor writes is what a worker reads back.
     assert RouterConfig.model_validate(json.loads(worker.model_dump_json(by_alias=True))) == worker
+
+
+def test_processes_flag() -> None:
+    args = ["--model", "tiny", "--worker", "http://127.0.0.1:1", "--admin-port", "9901"]
+    assert config_from_args(build_parser().parse_args(args)).processes == 1
+    parsed = build_parser().parse_args([*args, "--processes", "4"])
+    assert config_from_args(parsed).processes == 4
 
 
 def test_several_processes_need_an_admin_port() -> None:
