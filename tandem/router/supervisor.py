@@ -17,15 +17,12 @@ import contextlib
 import ctypes
 import logging
 import os
-import shutil
 import signal
 import socket
 import sys
-import tempfile
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
@@ -104,6 +101,18 @@ async def http_get(port: int, path: str) -> tuple[int, bytes]:
     return int(head.split(b" ", 2)[1]), body
 
 
+def _write_all(fd: int, data: bytes) -> None:
+    """Write `data` to the pipe `fd` and close it."""
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    except BrokenPipeError:
+        pass  # the worker exited first; its ready pipe says so
+    finally:
+        os.close(fd)
+
+
 @dataclass
 class Worker:
     index: int
@@ -122,16 +131,15 @@ class Supervisor:
         self.admin = HttpServer(self.handle_admin, 1024, config.http)
         self.port = 0
         self.admin_port = 0
-        self._dir = Path(tempfile.mkdtemp(prefix="tandem-router-"))
-        self._config_path = self._dir / "worker.json"
+        self._worker_config = b""
         self._stopping = asyncio.Event()
         self._keepers: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
         """Claim the port, start every worker and wait until each serves; raise if one cannot."""
         self.port = claim_port(self.config.host, self.config.port)
-        self._config_path.write_text(
-            worker_config(self.config, self.port).model_dump_json(by_alias=True)
+        self._worker_config = (
+            worker_config(self.config, self.port).model_dump_json(by_alias=True).encode()
         )
         admin_port = self.config.trust.admin_port
         assert admin_port is not None  # RouterConfig requires it with several processes
@@ -155,13 +163,13 @@ class Supervisor:
         await asyncio.gather(*self._keepers, return_exceptions=True)
         await self._stop_workers()
         await self.admin.close()
-        shutil.rmtree(self._dir, ignore_errors=True)
 
     # -- workers -----------------------------------------------------------------------------
 
     async def _spawn(self, worker: Worker) -> bool:
         """Start `worker`'s process; True once it serves, False if it exited first."""
         read_fd, write_fd = os.pipe()
+        config_in, config_out = os.pipe()  # a pipe, not the loop's socket: /dev/stdin opens it
         try:
             worker.process = await asyncio.create_subprocess_exec(
                 sys.executable,
@@ -169,7 +177,8 @@ class Supervisor:
                 "tandem.cli",
                 "router",
                 "--config",
-                str(self._config_path),
+                "/dev/stdin",  # no file to leave behind, no keys on disk
+                stdin=config_in,
                 pass_fds=(write_fd,),
                 env={
                     **os.environ,
@@ -179,13 +188,20 @@ class Supervisor:
                 # Signals from a terminal reach the supervisor only; it stops the workers.
                 start_new_session=True,
             )
+        except BaseException:
+            os.close(read_fd)
+            os.close(config_out)
+            raise
         finally:
             os.close(write_fd)
+            os.close(config_in)
+        loop = asyncio.get_running_loop()
         reader = asyncio.StreamReader()
-        transport, _ = await asyncio.get_running_loop().connect_read_pipe(
+        transport, _ = await loop.connect_read_pipe(
             lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(read_fd, "rb", buffering=0)
         )
         try:
+            await loop.run_in_executor(None, _write_all, config_out, self._worker_config)
             line = await reader.readline()  # b"" when the worker exits before reporting
         finally:
             transport.close()

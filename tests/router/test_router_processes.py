@@ -228,3 +228,14 @@ def test_a_port_held_by_another_process_is_refused() -> None:
             assert f"127.0.0.1:{port} is already in use by another process" in router.output()
         finally:
             router.stop()
+
+
+def test_killing_the_supervisor_takes_the_workers_down() -> None:
+    router = Router(
+        ["--worker", "http://127.0.0.1:1", "--processes", "2", "--admin-port", str(free_port())]
+    )
+    with running(router):
+        workers = _workers(router.proc.pid)
+        assert len(workers) == 2
+        router.proc.kill()
+        _wait_until(lambda: not any(psutil.pid_exists(pid) for pid in workers))
