@@ -115,6 +115,8 @@ def _write_all(fd: int, data: bytes) -> None:
 
 @dataclass
 class Worker:
+    """One worker slot: its current process and its history."""
+
     index: int
     process: asyncio.subprocess.Process | None = None
     admin_port: int | None = None  # set while it serves
@@ -132,7 +134,6 @@ class Supervisor:
         self.port = 0
         self.admin_port = 0
         self._worker_config = b""
-        self._stopping = asyncio.Event()
         self._keepers: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
@@ -157,7 +158,6 @@ class Supervisor:
         )
 
     async def stop(self) -> None:
-        self._stopping.set()
         for keeper in self._keepers:
             keeper.cancel()
         await asyncio.gather(*self._keepers, return_exceptions=True)
