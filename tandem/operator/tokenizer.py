@@ -24,6 +24,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from tandem.common.chat_template import is_template_text
 from tandem.operator.api import ServingCluster
 
 TOKENIZER_DIR = "/var/lib/tandem/tokenizer"
@@ -72,11 +73,6 @@ def _last_flag(args: list[str], flag: str) -> str | None:
         elif arg.startswith(flag + "="):
             value = arg.split("=", 1)[1]
     return value
-
-
-def is_template_text(value: str) -> bool:
-    """vLLM's `--chat-template` is a file path unless it holds template syntax or newlines."""
-    return any(c in value for c in "{}\n")
 
 
 def engine_chat_template(sc: ServingCluster) -> tuple[str | None, dict[str, Any]]:

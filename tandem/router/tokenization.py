@@ -22,6 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from tandem.common.chat_template import is_template_text
 from tandem.router.chat_template import (
     TemplateUnrenderable,
     content_format,
@@ -66,7 +67,7 @@ def load_template_override(value: str | None) -> str | None:
     path = Path(value)
     if "\n" not in value and path.is_file():
         return path.read_text(encoding="utf-8")
-    if not any(c in value for c in "{}\n"):
+    if not is_template_text(value):
         raise ValueError(f"chat template {value!r} is neither a file nor a template")
     return value
 

@@ -55,8 +55,8 @@ def _escape(value: str) -> str:
 def series(metric: str, selector: PoolSelector) -> str:
     """`metric` of the pool, e.g. `vllm:num_requests_waiting` -> `{__name__=~"vllm[:_]num_requests_waiting",...}`.
 
-    The name matches both spellings because prometheus_client serves OpenMetrics to Prometheus 2.x
-    with the colon escaped to an underscore, and the text format (or Prometheus 3) with the colon.
+    The name matches both spellings, so the query holds whichever an exporter writes: vLLM names
+    its metrics with a colon, and exporters that escape names for OpenMetrics write an underscore.
     """
     prefix, _, rest = metric.partition(":")
     return "{" + f'__name__=~"{prefix}[:_]{rest}",' + selector.matchers()[1:]
