@@ -36,6 +36,7 @@ class EngineMonitor:
         self.upstreams = Upstreams(connect_timeout=timeout_s, auth=auth)
         self._task: asyncio.Task[None] | None = None
         self._last_health = 0.0
+        self._suspect: set[str] = set()  # engines whose last /metrics failed: /health next pass
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="engine-monitor")
@@ -51,33 +52,49 @@ class EngineMonitor:
         engines = list(self.pool.engines.values())
         await asyncio.gather(*(self._check(e, health) for e in engines))
         known = set(self.pool.engines)
+        self._suspect &= known
         for url in [u for u in list(self.upstreams.pools) if u not in known]:
             self.upstreams.drop(url)
 
     async def _check(self, engine: Engine, health: bool) -> None:
         pool = self.upstreams.pool(engine.url)
-        try:
-            if health or not engine.healthy:
+        if health or not engine.healthy or engine.id in self._suspect:
+            self._suspect.discard(engine.id)
+            try:
                 response = await pool.request("GET", "/health", idle_s=self.timeout_s)
                 await response.read()
                 ok = response.status == 200
-                if ok != engine.healthy:
-                    log.info("engine %s is now %s", engine.id, "healthy" if ok else "unhealthy")
-                engine.healthy = ok
-                engine.consecutive_failures = 0 if ok else engine.consecutive_failures + 1
-            if engine.healthy:
-                response = await pool.request("GET", "/metrics", idle_s=self.timeout_s)
-                text = await response.read()
-                if response.status == 200:
-                    load = parse_engine_load(text)
-                    engine.waiting = load["waiting"]
-                    engine.running = load["running"]
-                    engine.kv_usage = load["kv_usage"]
+                reason = f"/health answered {response.status}"
+            except UpstreamError as exc:
+                ok, reason = False, str(exc)
+            if ok != engine.healthy:
+                log.info(
+                    "engine %s is now %s", engine.id, "healthy" if ok else f"unhealthy: {reason}"
+                )
+            engine.healthy = ok
+            engine.consecutive_failures = 0 if ok else engine.consecutive_failures + 1
+        if engine.healthy:
+            await self._scrape_load(engine)
+
+    async def _scrape_load(self, engine: Engine) -> None:
+        """Queue depth and KV usage from /metrics. A slow or failed scrape keeps the last values:
+        health is /health's to decide (a busy engine's /metrics can take seconds to render), and a
+        dead engine fails its health check, which the next pass makes, or the proxy's next
+        connection."""
+        try:
+            response = await self.upstreams.pool(engine.url).request(
+                "GET", "/metrics", idle_s=self.timeout_s
+            )
+            text = await response.read()
         except UpstreamError as exc:
-            if engine.healthy:
-                log.info("engine %s is now unhealthy: %s", engine.id, exc)
-            engine.healthy = False
-            engine.consecutive_failures += 1
+            log.debug("engine %s: /metrics not read: %s", engine.id, exc)
+            self._suspect.add(engine.id)
+            return
+        if response.status == 200:
+            load = parse_engine_load(text)
+            engine.waiting = load["waiting"]
+            engine.running = load["running"]
+            engine.kv_usage = load["kv_usage"]
 
     async def _run(self) -> None:
         while True:
