@@ -20,6 +20,9 @@ class KVTransferConfig(BaseModel):
     kv_role: str | None = None
     kv_buffer_device: str | None = "cuda"
     kv_connector_extra_config: dict[str, Any] = Field(default_factory=dict)
+    # What a decode engine does when its KV pull fails: end the request with an error, or
+    # prefill the prompt itself.
+    kv_load_failure_policy: Literal["fail", "recompute"] = "fail"
 
     @property
     def lease_seconds(self) -> float:

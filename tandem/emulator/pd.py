@@ -399,18 +399,28 @@ class PDConnector:
         except KVTransferError as error:
             metrics.nixl_failed_transfers.inc()
             log.error("NIXL transfer failure for request %s: %s", request.request_id, error)
-            engine.fail(request, error.client_message)
+            self._after_failed_pull(request, error.client_message)
             return
         except Exception:  # NIXL and ZMQ raise their own exception types
             metrics.nixl_failed_transfers.inc()
             log.exception("NIXL transfer failure for request %s", request.request_id)
-            engine.fail(request, INTERNAL_ERROR)
+            self._after_failed_pull(request, INTERNAL_ERROR)
             return
         if request.finished:
             return
         request.num_external_tokens = request.num_prompt_tokens - num_hit
         request.kv_ready = True
         engine.wake()
+
+    def _after_failed_pull(self, request: EngineRequest, message: str) -> None:
+        """`kv_load_failure_policy`: `fail` ends the request with `message`; `recompute` hands it
+        back to the scheduler, which prefills the prompt here."""
+        if self.kv_config.kv_load_failure_policy == "recompute" and not request.finished:
+            request.kv_failed = True
+            request.kv_ready = True
+            self.engine.wake()
+        else:
+            self.engine.fail(request, message)
 
     async def _read(
         self, peer: RemoteEngine, local_ids: list[int], remote_ids: list[int], notif: str

@@ -66,7 +66,7 @@ class EngineRequest:
     do_remote_decode: bool = False
     remote_prefill: RemotePrefill | None = None
     kv_ready: bool = False
-    kv_failed: bool = False
+    kv_failed: bool = False  # the pull failed and the policy is recompute: prefill here
     hold_blocks: list[int] = field(default_factory=list)
     # timings (engine clock, seconds)
     scheduled_time: float = 0.0

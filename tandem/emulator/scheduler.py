@@ -240,8 +240,15 @@ class Scheduler:
         return admitted
 
     def _finish_remote_kv(self, request: EngineRequest) -> None:
-        """The pulled prompt KV is in place: cache its full blocks and recompute only the last token."""
+        """The pulled prompt KV is in place: cache its full blocks and recompute only the last token.
+        After a failed pull (policy recompute) the request starts afresh as a local prefill: its
+        reserved blocks go back and it is scheduled like a new request (prefix hits included)."""
         request.status = Status.WAITING
+        if request.kv_failed:
+            self.kv.free(request)
+            request.remote_prefill = None
+            request.num_cached_tokens = -1
+            return
         if self.kv.enable_caching:
             self.kv.cache_blocks(request, request.num_prompt_tokens)
         request.num_computed_tokens = request.num_prompt_tokens - 1

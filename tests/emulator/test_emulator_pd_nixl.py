@@ -36,20 +36,21 @@ PROMPT = (
 ENGINE_ARGS = TINY_ARGS  # launched like golden/pd's engines (tiny model, block size 32)
 
 
-def kv_config(role: str) -> str:
+def kv_config(role: str, **fields: Any) -> str:
     return json.dumps(
         {
             "kv_connector": "NixlConnector",
             "kv_role": role,
             "kv_buffer_device": "cpu",
             "kv_connector_extra_config": {"kv_lease_duration": LEASE_S},
+            **fields,
         }
     )
 
 
 @contextlib.contextmanager
 def pd_engines(
-    extra: Sequence[str], decode_extra: Sequence[str] = ()
+    extra: Sequence[str], decode_extra: Sequence[str] = (), decode_kv: dict[str, Any] | None = None
 ) -> Iterator[tuple[Emulator, Emulator]]:
     """A prefill and a decode emulator, each with its own NIXL side-channel port."""
     envs = [
@@ -64,7 +65,13 @@ def pd_engines(
             [*ENGINE_ARGS, *extra, "--kv-transfer-config", kv_config("kv_producer")], envs[0]
         ) as prefill,
         emulator(
-            [*ENGINE_ARGS, *extra, *decode_extra, "--kv-transfer-config", kv_config("kv_consumer")],
+            [
+                *ENGINE_ARGS,
+                *extra,
+                *decode_extra,
+                "--kv-transfer-config",
+                kv_config("kv_consumer", **(decode_kv or {})),
+            ],
             envs[1],
         ) as decode,
     ):
@@ -257,3 +264,23 @@ def test_expired_lease_gives_a_clear_error(pair: tuple[Emulator, Emulator]) -> N
     r = do_decode(decode, params, stream=False, prompt=PROMPT + " expiring")
     assert r.status_code == 500
     assert "lease expired" in r.json()["error"]["message"]
+
+
+def test_recompute_policy_prefills_locally_after_a_failed_pull() -> None:
+    """vLLM's `kv_load_failure_policy: recompute` (what the operator renders for decode pools):
+    the pull of an expired lease fails, is counted, and the decode engine prefills the prompt
+    itself; the client gets its whole answer, the same tokens a good handoff gives."""
+    prompt = PROMPT + " recomputed"
+    with pd_engines([], decode_kv={"kv_load_failure_policy": "recompute"}) as (prefill, decode):
+        good = do_decode(decode, do_prefill(prefill, prompt)["kv_transfer_params"], False, prompt)
+        assert good.status_code == 200, good.text
+        params = do_prefill(prefill, prompt)["kv_transfer_params"]
+        time.sleep(LEASE_S + 0.5)  # the prefill engine drops the blocks: the pull must fail
+        failed_before = metric_value(metrics(decode), "vllm:nixl_num_failed_transfers_total")
+        r = do_decode(decode, params, stream=False, prompt=prompt)
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["text"] == good.json()["choices"][0]["text"]
+        assert r.json()["usage"]["completion_tokens"] == 8
+        after = metrics(decode)
+        assert metric_value(after, "vllm:nixl_num_failed_transfers_total") == failed_before + 1
+        assert metric_value(after, "vllm:kv_cache_usage_perc") == 0
