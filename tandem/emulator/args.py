@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 from typing import Any
 
 from tandem.emulator.config import EngineConfig, Faults, KVTransferConfig, SpeculativeConfig
@@ -231,7 +232,7 @@ def parse_args(argv: list[str]) -> tuple[EngineConfig, list[str], str]:
         speculative_config=SpeculativeConfig.model_validate(ns.speculative_config)
         if ns.speculative_config
         else None,
-        api_key=ns.api_key,
+        api_key=ns.api_key or os.environ.get("VLLM_API_KEY") or None,
         enable_server_load_tracking=ns.enable_server_load_tracking,
         enable_request_id_headers=ns.enable_request_id_headers,
         timing_profile=ns.timing_profile,

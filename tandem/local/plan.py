@@ -231,7 +231,6 @@ def build_plan(
             )
             if engine_key:
                 env[ENGINE_KEY_ENV] = engine_key
-                args = [a.replace(f"$({ENGINE_KEY_ENV})", engine_key) for a in args]
             engines.append(
                 ProcessSpec(
                     name=name,

@@ -197,9 +197,6 @@ def vllm_args(sc: ServingCluster, role: Role, ports: EnginePorts = POD_PORTS) ->
     ]  # fmt: skip
     if disaggregated(sc):
         args += ["--kv-transfer-config", _compact_json(kv_transfer_config(sc, role))]
-    if spec.router.auth.engine_key:
-        # Expanded by the kubelet from the Secret-backed variable; the pod spec never holds the key.
-        args += ["--api-key", f"$({ENGINE_KEY_ENV})"]
     if pool.max_num_seqs is not None:
         args += ["--max-num-seqs", str(pool.max_num_seqs)]
     if model.max_model_len is not None:

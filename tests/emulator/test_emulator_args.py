@@ -83,3 +83,14 @@ def test_kv_event_endpoint_binding(
     endpoint: str, bind_host: str | None, expected: tuple[str, bool]
 ) -> None:
     assert resolve_endpoint(endpoint, bind_host) == expected
+
+
+def test_api_key_from_the_environment_as_vllm_reads_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM takes VLLM_API_KEY when --api-key is absent (how Tandem hands engines their key,
+    keeping it off the command line); an explicit --api-key wins."""
+    base = ["--model", "tiny"]
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    assert parse_args(base)[0].api_key is None
+    monkeypatch.setenv("VLLM_API_KEY", "from-env")
+    assert parse_args(base)[0].api_key == "from-env"
+    assert parse_args([*base, "--api-key", "explicit"])[0].api_key == "explicit"

@@ -3,7 +3,7 @@
 No container runtime here: scripts/run-as-engine-container.sh reproduces the context (the
 rendered uid, no capabilities, no_new_privs, read-only root filesystem, writable HOME, /tmp and
 /dev/shm) in a private mount namespace; the seccomp profile is the runtime's and is not applied.
-vLLM then gets the rendered `--api-key $(VLLM_API_KEY)` from its environment, as from the Secret.
+vLLM then takes its key from VLLM_API_KEY, set from the Secret; the rendered command line has none.
 Runs in the real-vLLM tier (root, the tier's network namespace and its hold on the real-vLLM lock).
 """
 
@@ -54,8 +54,9 @@ def test_vllm_serves_under_the_rendered_engine_context(pd_cluster: PDCluster) ->
         VLLM_PYTHON, "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(MODEL), "--load-format", "dummy", "--served-model-name", "tiny",
         "--block-size", "32", "--enforce-eager", "--max-model-len", "512",
-        "--host", "127.0.0.1", "--port", str(port), "--api-key", key,
+        "--host", "127.0.0.1", "--port", str(port),
     ]  # fmt: skip
+    assert "--api-key" not in container["args"]
     log = Path(f"/tmp/tandem-engine-context-{port}.log")
     with log.open("w") as out:
         process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd="/")
@@ -87,6 +88,7 @@ def test_vllm_serves_under_the_rendered_engine_context(pd_cluster: PDCluster) ->
             ["pgrep", "-f", f"api_server --model {MODEL}.*--port {port}"],
             capture_output=True, text=True, check=True,
         ).stdout.split()  # fmt: skip
+        assert key not in Path(f"/proc/{server[0]}/cmdline").read_text()
         status = Path(f"/proc/{server[0]}/status").read_text()
         fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
         assert fields["Uid"].split()[0] == str(uid)
