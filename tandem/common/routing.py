@@ -25,6 +25,9 @@ class ScoringConfig(SettingsModel):
     """Weight of the (inverted) KV-cache usage."""
     spread_weight: float = Field(0.5, ge=0, alias="spreadWeight")
     """Weight that pulls new prefixes towards engines whose cache the index knows least about."""
+    affinity_weight: float = Field(1.0, ge=0, alias="affinityWeight")
+    """Weight of the rendezvous-hash preference of the request's first block for an engine, so
+    router replicas that meet a new prefix at once place it on the same engine."""
     running_weight: float = Field(0.25, ge=0, le=1, alias="runningWeight")
     """How much a decoding request counts in an engine's load, relative to a queued one."""
     load_bound_factor: float = Field(1.5, ge=1, alias="loadBoundFactor")
@@ -59,15 +62,12 @@ class AdmissionConfig(SettingsModel):
     """Request header carrying an integer priority from -100 to 100: lower values are served
     first (as vLLM's `priority`), 0 when absent."""
     session_header: str = Field("x-session-id", alias="sessionHeader", min_length=1)
-    """Request header carrying a session id (session affinity)."""
+    """Request header carrying a session id: a session goes to the healthy decode engine with the
+    highest rendezvous-hash weight for it within the load bound, the same on every router replica."""
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, alias="maxBodyBytes")
     """Largest accepted request body."""
     max_queue_per_priority: int | None = Field(None, ge=1, alias="maxQueuePerPriority")
     """Requests that may wait at one priority level; unset = `maxQueue`."""
-    max_sessions: int = Field(65536, ge=1, alias="maxSessions")
-    """Sessions remembered for affinity (least recently used forgotten first)."""
-    max_session_bytes: int = Field(16 * 1024 * 1024, ge=1024, alias="maxSessionBytes")
-    """Bytes the remembered session ids and engine names may take together."""
 
 
 class TimeoutConfig(SettingsModel):

@@ -13,6 +13,7 @@ from enum import StrEnum
 from tandem.common.routing import DisaggregationConfig
 from tandem.router.config import RouterConfig
 from tandem.router.engines import Engine
+from tandem.router.rendezvous import hrw_order
 from tandem.router.scoring import Choice, score_engines
 
 
@@ -72,12 +73,13 @@ class RouteInputs:
     any_prefill_configured: bool  # a prefill-only engine exists, healthy or not
     hits: Mapping[str, int]  # engine id -> prompt blocks cached there
     cached_blocks: Mapping[str, int]  # engine id -> blocks the index holds for it
-    session_engine: str | None = None  # the decode engine this session used last
+    first_block_key: int | None = None  # the prompt's first block key (affinity), None without one
+    session: str | None = None  # the client's session id (session header)
 
 
 @dataclass(frozen=True, slots=True)
 class RoutePlan:
-    decode_ranking: list[Choice]  # best first; affinity applied; never empty
+    decode_ranking: list[Choice]  # best first; a session's in HRW order; never empty
     route: Route
     reason: Reason
     prefill_ranking: list[Choice]  # best first; empty unless disaggregated
@@ -87,33 +89,35 @@ class RoutePlan:
         return self.decode_ranking[0]
 
 
-def with_affinity(ranked: list[Choice], engine_id: str | None) -> list[Choice]:
-    """The session's engine first when it is still a candidate; otherwise the ranking unchanged."""
-    if engine_id is None:
+def session_order(ranked: list[Choice], session: str | None) -> list[Choice]:
+    """A session's candidates in rendezvous order: the one with the highest weight(session,
+    engine id) first. `ranked` holds only engines within the load bound, so a session whose engine
+    is over it (or unhealthy, or gone) goes to its next engine in HRW order, and comes back when
+    its engine is a candidate again. Every replica with the same view of the pool picks alike."""
+    if session is None:
         return ranked
-    for i, choice in enumerate(ranked):
-        if choice.engine.id == engine_id:
-            return [choice, *ranked[:i], *ranked[i + 1 :]]
-    return ranked  # gone, unhealthy or over the load bound: pick afresh
+    return hrw_order(session, ranked, lambda choice: choice.engine.id)
 
 
 def rank(engines: Sequence[Engine], inputs: RouteInputs, config: RouterConfig) -> list[Choice]:
     """`score_engines` over `engines` with the request's hits (spread only between several)."""
     sizes = inputs.cached_blocks if len(engines) > 1 else None
-    return score_engines(engines, inputs.hits, inputs.total_blocks, config.scoring, sizes)
+    return score_engines(
+        engines, inputs.hits, inputs.total_blocks, config.scoring, sizes, inputs.first_block_key
+    )
 
 
 def plan_route(inputs: RouteInputs, config: RouterConfig) -> RoutePlan | None:
     """The plan for one request, or None when no decode engine is healthy.
 
-    decode ranking = score_engines(decoders), the session's engine moved first;
+    decode ranking = score_engines(decoders), in the session's HRW order when it has a session;
     route = decide_route(prompt_tokens - hit_blocks(best) * block_size, ...);
     reason = the route, or `fallback` when it is local only because every prefill engine is down;
     prefill ranking = score_engines(prefillers) when disaggregated.
     """
     if not inputs.decoders:
         return None
-    ranked = with_affinity(rank(inputs.decoders, inputs, config), inputs.session_engine)
+    ranked = session_order(rank(inputs.decoders, inputs, config), inputs.session)
     best = ranked[0]
     uncached = max(inputs.prompt_tokens - best.hit_blocks * config.block_size, 0)
     route = decide_route(uncached, inputs.prefillers, best.engine, config.disaggregation, inputs.n)

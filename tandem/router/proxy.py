@@ -174,7 +174,6 @@ class CompletionProxy:
         prefillers = [e for e in state.pool.candidates("prefill") if not e.colocated]
         engines = [e.id for e in (*decoders, *prefillers)]
         keys = features.keys
-        session = call.request.headers.get(self._session_header)
         inputs = RouteInputs(
             prompt_tokens=features.prompt_tokens,
             total_blocks=len(keys),
@@ -184,7 +183,8 @@ class CompletionProxy:
             any_prefill_configured=any(not e.colocated for e in state.pool.all("prefill")),
             hits=index.match(keys, engines) if keys else {},
             cached_blocks={e: index.size(e) for e in engines} if len(engines) > 1 else {},
-            session_engine=state.sessions.get(session) if session else None,
+            first_block_key=keys[0] if keys else None,
+            session=call.request.headers.get(self._session_header) or None,
         )
         return plan_route(inputs, self.config), "exact" if exact else "approximate"
 
@@ -237,7 +237,7 @@ class CompletionProxy:
         self, call: Call, plan: RoutePlan, features: Features, handoff: Handoff | None
     ) -> None:
         """Routing history for the approximate index, the blocks now pending on the chosen
-        engines in the exact one (until their KV events confirm them), and the session's engine."""
+        engines in the exact one (until their KV events confirm them)."""
         state = self.state
         if features.keys:
             pending = features.keys if state.use_exact and features.exact else ()
@@ -247,9 +247,6 @@ class CompletionProxy:
             for engine in engines:
                 state.approx_index.touch(engine.id, features.keys)
                 state.exact_index.add_pending(engine.id, pending)
-        session = call.request.headers.get(self._session_header)
-        if session:
-            state.sessions.put(session, plan.decode.engine.id)
 
     def _payload(self, call: Call, handoff: Handoff | None) -> bytes:
         """The decode request's body: the client's bytes untouched unless something changed."""

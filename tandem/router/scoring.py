@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from tandem.common.routing import ScoringConfig
 from tandem.router.engines import Engine
+from tandem.router.scorers.affinity import affinity_score
 from tandem.router.scorers.kv_usage import kv_usage_score
 from tandem.router.scorers.load_bound import within_load_bound
 from tandem.router.scorers.prefix import prefix_score
@@ -28,12 +29,16 @@ def score_engines(
     total_blocks: int,
     weights: ScoringConfig,
     cached_blocks: Mapping[str, int] | None = None,
+    affinity_key: int | None = None,
 ) -> list[Choice]:
     """Candidates within the load bound, best first.
 
     score = w_prefix * prefix + w_queue * queue + w_kv * kv + w_spread * spread
-    (each in [0, 1], see `scorers/`; spread needs `cached_blocks`, the index's block count per engine);
-    ties go to the smaller load, then to fewer in-flight requests, then at random.
+            + w_affinity * affinity
+    (each in [0, 1], see `scorers/`; spread needs `cached_blocks`, the index's block count per
+    engine; affinity the request's first block key); ties go to the smaller load, then to fewer
+    in-flight requests, then to the higher affinity — or at random for a prompt without a full
+    block, which has no prefix for replicas to agree on and should not favour the first engine.
     """
     if not engines:
         return []
@@ -50,13 +55,17 @@ def score_engines(
         if not ok:
             continue
         hit = hits.get(engine.id, 0)
+        affinity = (
+            random.random() if affinity_key is None else affinity_score(affinity_key, engine.id)
+        )
         score = (
             weights.prefix_weight * prefix_score(hit, total_blocks)
             + weights.queue_weight * queue_score(load, max_load)
             + weights.kv_usage_weight * kv_usage_score(engine.kv_usage)
             + weights.spread_weight * spread_score(cached.get(engine.id, 0), max_cached)
         )
-        # the last key breaks exact ties at random, so idle pools do not favour the first engine
-        ranked.append((-score, load, engine.in_flight, random.random(), Choice(engine, score, hit)))
+        if affinity_key is not None:
+            score += weights.affinity_weight * affinity
+        ranked.append((-score, load, engine.in_flight, -affinity, Choice(engine, score, hit)))
     ranked.sort(key=lambda r: r[:4])
     return [r[4] for r in ranked]

@@ -271,13 +271,6 @@ class RouterService:
         )
         blocks.add_metric(["exact"], len(self.state.exact_index))
         blocks.add_metric(["approximate"], len(self.state.approx_index))
-        sessions = GaugeMetricFamily(
-            "tandem_router_sessions",
-            "Sessions remembered for affinity, and their bytes.",
-            labels=["unit"],
-        )
-        sessions.add_metric(["sessions"], len(self.state.sessions))
-        sessions.add_metric(["bytes"], self.state.sessions.bytes)
         connections = GaugeMetricFamily(
             "tandem_router_client_connections", "Open client connections."
         )
@@ -289,4 +282,4 @@ class RouterService:
         )
         for reason, count in sorted(self.server.counts.items()):
             refused.add_metric([reason], count)
-        return [in_flight, healthy, waiting, blocks, sessions, connections, refused]
+        return [in_flight, healthy, waiting, blocks, connections, refused]

@@ -1,7 +1,7 @@
-"""What the router remembers between requests, in one place: engines, indexes, sessions, pools.
+"""What the router remembers between requests, in one place: engines, indexes, pools.
 
 The proxy reads and updates it per request; the service adds and removes engines. Forgetting an
-engine goes through `forget_engine`, so no per-engine trace (index entries, sessions, metric
+engine goes through `forget_engine`, so no per-engine trace (index entries, metric
 series, pooled connections) outlives it.
 """
 
@@ -14,7 +14,6 @@ from tandem.router.engines import EnginePool
 from tandem.router.features import featurizer_of
 from tandem.router.index import PrefixIndex
 from tandem.router.metrics import RouterMetrics
-from tandem.router.sessions import SessionTable
 from tandem.router.upstream import Upstreams
 
 
@@ -31,7 +30,6 @@ class RouterState:
         self.admission = Admission(
             admission.max_in_flight, admission.max_queue, admission.max_queue_per_priority
         )
-        self.sessions = SessionTable(admission.max_sessions, admission.max_session_bytes)
         engine_key = EngineKey.from_config(config)
         self.upstreams = Upstreams(
             config.timeouts.connect_s, engine_key.header if engine_key else None
@@ -40,6 +38,5 @@ class RouterState:
     def forget_engine(self, engine_id: str) -> None:
         self.exact_index.drop_engine(engine_id)
         self.approx_index.drop_engine(engine_id)
-        self.sessions.forget_engine(engine_id)
         self.upstreams.drop(engine_id)
         self.metrics.forget_endpoint(engine_id)

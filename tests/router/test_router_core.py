@@ -25,7 +25,6 @@ from tandem.router.scorers.prefix import prefix_score
 from tandem.router.scorers.queue import queue_score
 from tandem.router.scorers.spread import spread_score
 from tandem.router.scoring import score_engines
-from tandem.router.sessions import SessionTable
 
 
 def test_index_longest_prefix_per_engine() -> None:
@@ -211,14 +210,6 @@ def test_small_helpers() -> None:
     assert parse_priority("x") == 0
     assert parse_priority("999") == 100
     assert retry_after_seconds(9, 10, 2.0) == 2
-    sessions = SessionTable(2)
-    sessions.put("s1", "a")
-    sessions.put("s2", "b")
-    sessions.put("s3", "a")
-    assert sessions.get("s1") is None
-    assert sessions.get("s3") == "a"
-    sessions.forget_engine("a")
-    assert sessions.get("s3") is None
     assert msgspec.json.decode(b"{}") == {}
 
 

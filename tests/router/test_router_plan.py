@@ -1,5 +1,5 @@
 """The pure parts of the hardened request path: plan_route, body checks, handoff checks, trust,
-session bytes, and per-engine metric series."""
+and per-engine metric series."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from tandem.router.engines import Engine
 from tandem.router.handoff import handoff_problem
 from tandem.router.httpserver import Request
 from tandem.router.metrics import RouterMetrics
-from tandem.router.sessions import ENTRY_OVERHEAD_BYTES, SessionTable
+from tandem.router.rendezvous import weight
 from tandem.router.trust import DEBUG_HEADER, ClientTrust
 from tandem.router.validation import InvalidRequest, parse_body
 
@@ -58,10 +58,9 @@ def test_plan_route_ranks_decides_and_gives_its_reason() -> None:
     plain = plan_route(_inputs([d1], [], any_prefill_configured=True), never)
     assert plain is not None
     assert plain.reason is Reason.LOCAL
-    # the session's engine goes first while it is a candidate
-    sticky = plan_route(
-        _inputs([d1, d2], [], hits={"http://d2": 10}, session_engine="http://d1"), config
-    )
+    # a session goes to its rendezvous engine, prefix hit or not
+    session = next(s for s in (f"s{i}" for i in range(100)) if weight(s, d1.id) > weight(s, d2.id))
+    sticky = plan_route(_inputs([d1, d2], [], hits={"http://d2": 10}, session=session), config)
     assert sticky is not None
     assert sticky.decode.engine is d1
     assert plan_route(_inputs([], [p]), config) is None
@@ -133,18 +132,6 @@ def test_trust_decides_priority_debug_and_admin() -> None:
     with_port = ClientTrust(_config(trust={"adminPort": 9901, "adminKeys": ["admin"]}))
     assert not with_port.admin_on_main_port(admin)  # only on the admin port then
     assert ClientTrust(_config(trust={"trustAllClients": True})).trusted(_request("10.1.2.3"))
-
-
-def test_sessions_are_bounded_by_bytes() -> None:
-    table = SessionTable(max_sessions=10**6, max_bytes=10 * (ENTRY_OVERHEAD_BYTES + 1000))
-    for i in range(100):
-        table.put(f"{i:04d}" + "s" * 996, "http://d1")
-    assert len(table) == 10
-    assert table.bytes <= table.max_bytes
-    assert table.get("0099" + "s" * 996) == "http://d1"
-    table.forget_engine("http://d1")
-    assert len(table) == 0
-    assert table.bytes == 0
 
 
 def test_metric_series_leave_with_their_engine() -> None:

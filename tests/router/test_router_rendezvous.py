@@ -1,0 +1,118 @@
+"""Rendezvous hashing, the affinity scorer and session placement: pure functions, no sockets."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections import Counter
+
+from tandem.common.routing import ScoringConfig
+from tandem.router.config import RouterConfig
+from tandem.router.decision import RouteInputs, plan_route
+from tandem.router.engines import Engine
+from tandem.router.rendezvous import hrw_order, weight
+from tandem.router.scorers.affinity import affinity_score
+from tandem.router.scoring import score_engines
+
+IDS = [f"http://10.0.0.{i}:8000" for i in range(1, 5)]
+
+
+def _engines(depths: dict[str, int] | None = None) -> list[Engine]:
+    depths = depths or {}
+    return [
+        Engine(url, frozenset({"decode"}), in_flight=depths.get(url, 0), pending=depths.get(url, 0))
+        for url in IDS
+    ]
+
+
+def _plan(engines: list[Engine], **extra: object) -> Engine:
+    config = RouterConfig.model_validate(
+        {"servedModelName": "tiny", "static": {"decode": [{"url": IDS[0]}]}}
+    )
+    fields: dict[str, object] = {
+        "prompt_tokens": 200,
+        "total_blocks": 12,
+        "n": 1,
+        "decoders": engines,
+        "prefillers": [],
+        "any_prefill_configured": False,
+        "hits": {},
+        "cached_blocks": {},
+    }
+    plan = plan_route(RouteInputs(**(fields | extra)), config)  # type: ignore[arg-type]
+    assert plan is not None
+    return plan.decode.engine
+
+
+def test_weight_is_stable_across_processes_and_hash_seeds() -> None:
+    here = [weight("session-7", url) for url in IDS] + [weight(2**63 + 5, IDS[0])]
+    assert all(0.0 <= w < 1.0 for w in here)
+    code = (
+        "from tandem.router.rendezvous import weight;"
+        f"print(repr([weight('session-7', u) for u in {IDS!r}] + [weight(2**63 + 5, {IDS[0]!r})]))"
+    )
+    elsewhere = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "PYTHONHASHSEED": "12345"},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert eval(elsewhere) == here  # the child printed a list of floats
+
+
+def test_hrw_spreads_keys_evenly_and_moves_only_the_removed_engines_keys() -> None:
+    first = {k: hrw_order(k, IDS, str)[0] for k in range(4000)}
+    counts = Counter(first.values())
+    assert all(800 <= n <= 1200 for n in counts.values()), counts  # ~1000 each
+    survivors = IDS[1:]
+    after = {k: hrw_order(k, survivors, str)[0] for k in range(4000)}
+    moved = [k for k in first if first[k] != after[k]]
+    assert moved and all(first[k] == IDS[0] for k in moved)  # only the gone engine's keys
+    assert all(after[k] == hrw_order(k, IDS, str)[1] for k in moved)  # to their next engine
+
+
+def test_a_session_goes_to_its_top_engine_then_the_next_over_the_load_bound() -> None:
+    session = "conversation-42"
+    order = hrw_order(session, IDS, str)
+    assert _plan(_engines(), session=session).id == order[0]
+    # whatever the prefix hits say and whichever order the pool is listed in
+    engines = _engines()[::-1]
+    assert _plan(engines, session=session, hits={order[-1]: 12}).id == order[0]
+    # its engine over the load bound (12 > 1.5 * 3 + 1): the next in HRW order, on every replica
+    assert _plan(_engines({order[0]: 12}), session=session).id == order[1]
+    # its engine unhealthy (not a candidate): the next one too
+    without = [e for e in _engines() if e.id != order[0]]
+    assert _plan(without, session=session).id == order[1]
+
+
+def test_affinity_places_a_cold_prefix_alike_whatever_each_replica_has_in_flight() -> None:
+    """Replicas see different router-side loads (each counts only its own requests); within one
+    request of each other the affinity term decides, so they agree on the engine."""
+    agreed = 0
+    for key in range(200):
+        picks = {
+            _plan(_engines(depths), first_block_key=key).id
+            for depths in ({}, {IDS[0]: 1}, {IDS[1]: 1}, {IDS[2]: 1}, {IDS[3]: 1})
+        }
+        top = hrw_order(key, IDS, str)[0]
+        loaded_top = {top: 1}
+        # the only disagreement allowed: a replica with a request on the top engine already
+        agreed += picks <= {top, _plan(_engines(loaded_top), first_block_key=key).id}
+    assert agreed == 200
+    idle = Counter(_plan(_engines(), first_block_key=key).id for key in range(400))
+    assert len(idle) == 4 and min(idle.values()) >= 70  # cold prefixes still spread out
+
+
+def test_a_real_prefix_hit_dominates_affinity() -> None:
+    weights = ScoringConfig()
+    engines = _engines()
+    for key in range(50):
+        last = hrw_order(key, IDS, str)[-1]
+        ranked = score_engines(engines, {last: 6}, 12, weights, None, key)
+        assert ranked[0].engine.id == last  # half the prompt cached beats any affinity
+    assert affinity_score(7, IDS[0]) == weight(7, IDS[0])
+    # without a full block there is no key: exact ties are broken at random, not by engine order
+    picks = {score_engines(engines, {}, 0, weights)[0].engine.id for _ in range(200)}
+    assert len(picks) == 4
