@@ -8,6 +8,7 @@ step() { printf '\n=== %s (%s)\n' "$1" "$(date -u +%H:%M:%S)"; }
 
 step "tools: Prometheus, control-plane binaries"
 scripts/ensure-prometheus.sh
+scripts/ensure-haproxy.sh
 e2e/cluster/build.sh
 
 step "lint"

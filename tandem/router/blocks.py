@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
+from hashlib import blake2b
 
 _SEED = 0x7A6D
 
@@ -36,6 +37,29 @@ def text_block_keys(text: str, chars_per_block: int) -> list[int]:
         key = hash((key, text[start : start + chars_per_block]))
         out.append(key)
     return out
+
+
+def stable_first_block_key(
+    token_ids: Sequence[int], block_size: int, salt: str | None = None
+) -> int | None:
+    """A key of the first full block that every process computes alike (the chained keys above
+    are per process): blake2b-64 of the salt and the block's token ids. None without a full
+    block. Router replicas meet on it where they cannot share their index (rendezvous affinity)."""
+    if len(token_ids) < block_size:
+        return None
+    return stable_key(array("I", token_ids[:block_size]).tobytes(), salt)
+
+
+def stable_text_key(text: str, chars_per_block: int, salt: str | None = None) -> int | None:
+    """`stable_first_block_key` of the approximation: the first `chars_per_block` characters."""
+    if len(text) < chars_per_block:
+        return None
+    return stable_key(text[:chars_per_block].encode(), salt)
+
+
+def stable_key(data: bytes, salt: str | None) -> int:
+    prefix = b"" if salt is None else salt.encode() + b"\0"
+    return int.from_bytes(blake2b(prefix + data, digest_size=8).digest(), "big")
 
 
 def salted_parent(salt: str | None) -> int | None:

@@ -73,8 +73,10 @@ class RouteInputs:
     any_prefill_configured: bool  # a prefill-only engine exists, healthy or not
     hits: Mapping[str, int]  # engine id -> prompt blocks cached there
     cached_blocks: Mapping[str, int]  # engine id -> blocks the index holds for it
-    first_block_key: int | None = None  # the prompt's first block key (affinity), None without one
+    first_block_key: int | None = None  # the first block, keyed alike by every replica (affinity)
     session: str | None = None  # the client's session id (session header)
+    # the hits come from this replica's own routing history (no KV events), not from the engines
+    approximate: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,14 +91,32 @@ class RoutePlan:
         return self.decode_ranking[0]
 
 
-def session_order(ranked: list[Choice], session: str | None) -> list[Choice]:
-    """A session's candidates in rendezvous order: the one with the highest weight(session,
-    engine id) first. `ranked` holds only engines within the load bound, so a session whose engine
-    is over it (or unhealthy, or gone) goes to its next engine in HRW order, and comes back when
-    its engine is a candidate again. Every replica with the same view of the pool picks alike."""
-    if session is None:
+def rendezvous_order(ranked: list[Choice], key: str | int | None) -> list[Choice]:
+    """The candidates in rendezvous order for `key`: the highest weight(key, engine id) first.
+    `ranked` holds only engines within the load bound, so a key whose engine is over it (or
+    unhealthy, or gone) goes to its next engine in HRW order, and comes back when its engine is a
+    candidate again. Every replica with the same view of the pool picks alike, with no table."""
+    if key is None:
         return ranked
-    return hrw_order(session, ranked, lambda choice: choice.engine.id)
+    return hrw_order(key, ranked, lambda choice: choice.engine.id)
+
+
+def decode_ranking(inputs: RouteInputs, config: RouterConfig) -> list[Choice]:
+    """The scored ranking, reordered by rendezvous hashing where replicas must agree on their own:
+
+    a session                                -> rendezvous order of the session id;
+    approximate index, no candidate has a hit -> rendezvous order of the first block key.
+    The second is the approximate index's answer to replicas: each learns only from its own
+    routing history, so a prefix new to one replica may be held elsewhere already; the engine every
+    replica would pick for a new prefix is the best guess of where it is (docs/router.md,
+    "Several router replicas"). With KV events the index is shared, and affinity is only a scorer.
+    """
+    ranked = rank(inputs.decoders, inputs, config)
+    if inputs.session is not None:
+        return rendezvous_order(ranked, inputs.session)
+    if inputs.approximate and not any(choice.hit_blocks for choice in ranked):
+        return rendezvous_order(ranked, inputs.first_block_key)
+    return ranked
 
 
 def rank(engines: Sequence[Engine], inputs: RouteInputs, config: RouterConfig) -> list[Choice]:
@@ -110,14 +130,14 @@ def rank(engines: Sequence[Engine], inputs: RouteInputs, config: RouterConfig) -
 def plan_route(inputs: RouteInputs, config: RouterConfig) -> RoutePlan | None:
     """The plan for one request, or None when no decode engine is healthy.
 
-    decode ranking = score_engines(decoders), in the session's HRW order when it has a session;
+    decode ranking = score_engines(decoders), reordered by `decode_ranking`'s rendezvous rules;
     route = decide_route(prompt_tokens - hit_blocks(best) * block_size, ...);
     reason = the route, or `fallback` when it is local only because every prefill engine is down;
     prefill ranking = score_engines(prefillers) when disaggregated.
     """
     if not inputs.decoders:
         return None
-    ranked = session_order(rank(inputs.decoders, inputs, config), inputs.session)
+    ranked = decode_ranking(inputs, config)
     best = ranked[0]
     uncached = max(inputs.prompt_tokens - best.hit_blocks * config.block_size, 0)
     route = decide_route(uncached, inputs.prefillers, best.engine, config.disaggregation, inputs.n)

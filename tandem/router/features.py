@@ -24,7 +24,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tandem.router.blocks import block_keys, salted_parent, text_block_keys
+from tandem.router.blocks import (
+    block_keys,
+    salted_parent,
+    stable_first_block_key,
+    stable_text_key,
+    text_block_keys,
+)
 from tandem.router.chat_template import TemplateUnrenderable
 from tandem.router.fallback_tokenizer import FALLBACK_TOKENIZER, fallback_token_ids
 from tandem.router.hf_tokenizer import HfTokenizer, UnsupportedTokenizer
@@ -45,6 +51,8 @@ class Features:
     prompt_tokens: int
     keys: list[int]
     exact: bool  # keys come from real token ids (they can meet the KV-event index)
+    # the first block's key as every router process computes it (None without a full block)
+    first_block_key: int | None = None
 
 
 class Featurizer:
@@ -187,12 +195,15 @@ class Featurizer:
             keys = block_keys(token_ids, self.block_size, salted_parent(salt))
         except (OverflowError, TypeError):
             return Features(len(token_ids), [], True)
-        return Features(len(token_ids), keys, True)
+        first = stable_first_block_key(token_ids, self.block_size, salt)
+        return Features(len(token_ids), keys, True, first)
 
     def approximate(self, text: str, salt: str | None = None) -> Features:
         prefix = "" if salt is None else f"\x00{salt}\x00"
-        keys = text_block_keys(prefix + text, CHARS_PER_TOKEN * self.block_size)
-        return Features(len(text) // CHARS_PER_TOKEN, keys, False)
+        chars_per_block = CHARS_PER_TOKEN * self.block_size
+        keys = text_block_keys(prefix + text, chars_per_block)
+        first = stable_text_key(text, chars_per_block, salt)
+        return Features(len(text) // CHARS_PER_TOKEN, keys, False, first)
 
 
 def featurizer_of(config: RouterConfig, metrics: RouterMetrics) -> Featurizer:

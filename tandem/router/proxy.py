@@ -183,8 +183,9 @@ class CompletionProxy:
             any_prefill_configured=any(not e.colocated for e in state.pool.all("prefill")),
             hits=index.match(keys, engines) if keys else {},
             cached_blocks={e: index.size(e) for e in engines} if len(engines) > 1 else {},
-            first_block_key=keys[0] if keys else None,
+            first_block_key=features.first_block_key,
             session=call.request.headers.get(self._session_header) or None,
+            approximate=not exact,
         )
         return plan_route(inputs, self.config), "exact" if exact else "approximate"
 

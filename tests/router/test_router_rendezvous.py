@@ -69,7 +69,8 @@ def test_hrw_spreads_keys_evenly_and_moves_only_the_removed_engines_keys() -> No
     survivors = IDS[1:]
     after = {k: hrw_order(k, survivors, str)[0] for k in range(4000)}
     moved = [k for k in first if first[k] != after[k]]
-    assert moved and all(first[k] == IDS[0] for k in moved)  # only the gone engine's keys
+    assert moved
+    assert all(first[k] == IDS[0] for k in moved)
     assert all(after[k] == hrw_order(k, IDS, str)[1] for k in moved)  # to their next engine
 
 
@@ -102,7 +103,8 @@ def test_affinity_places_a_cold_prefix_alike_whatever_each_replica_has_in_flight
         agreed += picks <= {top, _plan(_engines(loaded_top), first_block_key=key).id}
     assert agreed == 200
     idle = Counter(_plan(_engines(), first_block_key=key).id for key in range(400))
-    assert len(idle) == 4 and min(idle.values()) >= 70  # cold prefixes still spread out
+    assert len(idle) == 4
+    assert min(idle.values()) >= 70
 
 
 def test_a_real_prefix_hit_dominates_affinity() -> None:
@@ -116,3 +118,17 @@ def test_a_real_prefix_hit_dominates_affinity() -> None:
     # without a full block there is no key: exact ties are broken at random, not by engine order
     picks = {score_engines(engines, {}, 0, weights)[0].engine.id for _ in range(200)}
     assert len(picks) == 4
+
+
+def test_without_kv_events_a_prefix_new_to_a_replica_goes_to_its_rendezvous_engine() -> None:
+    """Each replica's approximate index is its own history: a prefix it has not routed goes to
+    the engine every replica picks for it, whatever this replica has in flight."""
+    for key in range(50):
+        order = hrw_order(key, IDS, str)
+        busy = _engines({order[0]: 2, order[1]: 1})  # within the bound (1.5 * 0.75 + 1)
+        assert _plan(busy, first_block_key=key, approximate=True).id == order[0]
+        over = _engines({order[0]: 5})  # over it: the next engine in HRW order
+        assert _plan(over, first_block_key=key, approximate=True).id == order[1]
+        # a prefix this replica has routed follows its history
+        seen = _plan(busy, first_block_key=key, approximate=True, hits={order[2]: 12})
+        assert seen.id == order[2]
