@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import Literal
 
+from tandem_process import terminate
+
 from tandem.common.ports import free_port
 
 
@@ -99,12 +101,6 @@ class HAProxy:
         return (self.dir / "haproxy.log").read_text(errors="replace")[-4000:]
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        terminate(self.proc, 5.0)
         self.log.close()
         shutil.rmtree(self.dir, ignore_errors=True)

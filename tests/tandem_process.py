@@ -19,6 +19,17 @@ GOLDEN = Path(os.environ.get("TANDEM_GOLDEN", ROOT.parent / "shared" / "golden")
 MODEL_DIR = GOLDEN / "model"
 
 
+def terminate(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL after `grace_s`; reaped either way."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(grace_s)
+
+
 class TandemProcess:
     """One `python -m tandem.cli ARGS` process, its output in a log file; `stop()` reaps it."""
 
@@ -66,13 +77,7 @@ class TandemProcess:
             self.proc.wait(10)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        terminate(self.proc)
         self.log.close()
         with contextlib.suppress(OSError):
             self.log_path.unlink()

@@ -22,18 +22,11 @@ from tandem.router.rendezvous import hrw_order
 
 # The emulators tokenize with their fallback, so the routers' exact index meets their KV events.
 FALLBACK_MODEL = ["--model", "llama-without-local-tokenizer"]
-WORDS = [
-    "cache",
-    "prefix",
-    "router",
-    "engine",
-    "decode",
-    "prefill",
-    "token",
-    "block",
-    "stream",
-    "batch",
-]
+
+
+def _words(seed: int, count: int) -> str:
+    rng = random.Random(seed)
+    return " ".join(f"w{rng.randrange(5000)}" for _ in range(count))
 
 
 class Replicas:
@@ -65,8 +58,7 @@ def _body(prompt: str, max_tokens: int = 4, stream: bool = False) -> dict[str, o
 
 
 def _prefix(group: int) -> str:
-    rng = random.Random(group)
-    return f"#{group} " + " ".join(rng.choice(WORDS) for _ in range(120))
+    return f"#{group} " + _words(group, 120)
 
 
 async def _post(
@@ -83,7 +75,7 @@ def test_sessions_stay_on_their_rendezvous_engine_across_replicas(replicas: Repl
         for session in (f"conversation-{i}" for i in range(8)):
             prompt = f"system: you help with {session}."
             for turn in range(4):  # consecutive turns alternate between the two replicas
-                prompt += f"\nuser: turn {turn} " + " ".join(WORDS[turn:]) + "\nassistant: ok"
+                prompt += f"\nuser: turn {turn} " + _words(turn, 12) + "\nassistant: ok"
                 response = client.post(
                     url + "/v1/completions",
                     json=_body(prompt),
@@ -145,7 +137,7 @@ def test_a_killed_replica_loses_only_its_in_flight_requests(replicas: Replicas) 
                 for i in range(40):
                     if time.monotonic() >= until:
                         return
-                    await one(client, _body(f"{w} load {i} {WORDS[i % 10]}", 300, stream=True))
+                    await one(client, _body(f"{w} load {i} {_words(i, 3)}", 300, stream=True))
 
             await asyncio.gather(*(worker(w) for w in range(6)))
 
