@@ -81,7 +81,7 @@ class RouteInputs:
 
 @dataclass(frozen=True, slots=True)
 class RoutePlan:
-    decode_ranking: list[Choice]  # best first; a session's in HRW order; never empty
+    decode_ranking: list[Choice]  # best first (see `decode_ranking`); never empty
     route: Route
     reason: Reason
     prefill_ranking: list[Choice]  # best first; empty unless disaggregated

