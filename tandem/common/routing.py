@@ -33,6 +33,10 @@ class ScoringConfig(SettingsModel):
     load_bound_factor: float = Field(1.5, ge=1, alias="loadBoundFactor")
     """An endpoint whose load exceeds this multiple of the pool's mean load plus `loadBoundSlack`
     is skipped, so a hot prefix cannot pile every request onto one pod."""
+    session_load_bound_factor: float = Field(3.0, ge=1, alias="sessionLoadBoundFactor")
+    """The load bound's factor for requests of a session: looser than `loadBoundFactor`, because a
+    session that leaves its engine prefills its whole conversation again elsewhere; it moves only
+    when its engine is far busier than the pool."""
     load_bound_slack: float = Field(1.0, ge=0, alias="loadBoundSlack")
     """Requests added to the load bound: a lightly loaded pool should not pay a prefix miss to
     move one request."""
@@ -63,7 +67,8 @@ class AdmissionConfig(SettingsModel):
     first (as vLLM's `priority`), 0 when absent."""
     session_header: str = Field("x-session-id", alias="sessionHeader", min_length=1)
     """Request header carrying a session id: a session goes to the healthy decode engine with the
-    highest rendezvous-hash weight for it within the load bound, the same on every router replica."""
+    highest rendezvous-hash weight for it within the session load bound
+    (`scoring.sessionLoadBoundFactor`), the same on every router replica."""
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, alias="maxBodyBytes")
     """Largest accepted request body."""
     max_queue_per_priority: int | None = Field(None, ge=1, alias="maxQueuePerPriority")

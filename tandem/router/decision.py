@@ -104,26 +104,40 @@ def rendezvous_order(ranked: list[Choice], key: str | int | None) -> list[Choice
 def decode_ranking(inputs: RouteInputs, config: RouterConfig) -> list[Choice]:
     """The scored ranking, reordered by rendezvous hashing where replicas must agree on their own:
 
-    a session                                -> rendezvous order of the session id;
+    a session                                -> rendezvous order of the session id, within the
+                                                session load bound;
     approximate index, no candidate has a hit -> rendezvous order of the first block key.
     The second is the approximate index's answer to replicas: each learns only from its own
     routing history, so a prefix new to one replica may be held elsewhere already; the engine every
     replica would pick for a new prefix is the best guess of where it is (docs/router.md,
     "Several router replicas"). With KV events the index is shared, and affinity is only a scorer.
     """
-    ranked = rank(inputs.decoders, inputs, config)
     if inputs.session is not None:
-        return rendezvous_order(ranked, inputs.session)
+        scoring = config.scoring
+        factor = max(scoring.session_load_bound_factor, scoring.load_bound_factor)
+        return rendezvous_order(rank(inputs.decoders, inputs, config, factor), inputs.session)
+    ranked = rank(inputs.decoders, inputs, config)
     if inputs.approximate and not any(choice.hit_blocks for choice in ranked):
         return rendezvous_order(ranked, inputs.first_block_key)
     return ranked
 
 
-def rank(engines: Sequence[Engine], inputs: RouteInputs, config: RouterConfig) -> list[Choice]:
+def rank(
+    engines: Sequence[Engine],
+    inputs: RouteInputs,
+    config: RouterConfig,
+    load_bound_factor: float | None = None,
+) -> list[Choice]:
     """`score_engines` over `engines` with the request's hits (spread only between several)."""
     sizes = inputs.cached_blocks if len(engines) > 1 else None
     return score_engines(
-        engines, inputs.hits, inputs.total_blocks, config.scoring, sizes, inputs.first_block_key
+        engines,
+        inputs.hits,
+        inputs.total_blocks,
+        config.scoring,
+        sizes,
+        inputs.first_block_key,
+        load_bound_factor,
     )
 
 

@@ -30,8 +30,9 @@ def score_engines(
     weights: ScoringConfig,
     cached_blocks: Mapping[str, int] | None = None,
     affinity_key: int | None = None,
+    load_bound_factor: float | None = None,
 ) -> list[Choice]:
-    """Candidates within the load bound, best first.
+    """Candidates within the load bound (`load_bound_factor`, else the weights'), best first.
 
     score = w_prefix * prefix + w_queue * queue + w_kv * kv + w_spread * spread
             + w_affinity * affinity
@@ -46,7 +47,8 @@ def score_engines(
         engine = engines[0]
         return [Choice(engine, 0.0, hits.get(engine.id, 0))]
     loads = [e.load(weights.running_weight) for e in engines]
-    keep = within_load_bound(loads, weights.load_bound_factor, weights.load_bound_slack)
+    factor = weights.load_bound_factor if load_bound_factor is None else load_bound_factor
+    keep = within_load_bound(loads, factor, weights.load_bound_slack)
     max_load = max(loads)
     cached = cached_blocks or {}
     max_cached = max(cached.values(), default=0)

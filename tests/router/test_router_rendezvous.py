@@ -74,14 +74,19 @@ def test_hrw_spreads_keys_evenly_and_moves_only_the_removed_engines_keys() -> No
     assert all(after[k] == hrw_order(k, IDS, str)[1] for k in moved)  # to their next engine
 
 
-def test_a_session_goes_to_its_top_engine_then_the_next_over_the_load_bound() -> None:
+def test_a_session_goes_to_its_top_engine_then_the_next_over_the_session_load_bound() -> None:
     session = "conversation-42"
     order = hrw_order(session, IDS, str)
     assert _plan(_engines(), session=session).id == order[0]
     # whatever the prefix hits say and whichever order the pool is listed in
     engines = _engines()[::-1]
     assert _plan(engines, session=session, hits={order[-1]: 12}).id == order[0]
-    # its engine over the load bound (12 > 1.5 * 3 + 1): the next in HRW order, on every replica
+    # busier than the ordinary bound allows (4 > 1.5 * 1 + 1) but within the session bound
+    # (4 <= 3 * 1 + 1): the session stays, where a request without one would not go
+    assert _plan(_engines({order[0]: 4}), session=session).id == order[0]
+    assert _plan(_engines({order[0]: 4}), first_block_key=1).id != order[0]
+    # its engine over the session load bound (12 > 3 * 3 + 1): the next in HRW order, on every
+    # replica
     assert _plan(_engines({order[0]: 12}), session=session).id == order[1]
     # its engine unhealthy (not a candidate): the next one too
     without = [e for e in _engines() if e.id != order[0]]
