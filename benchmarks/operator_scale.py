@@ -70,6 +70,13 @@ def load_average() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of one process and its reaped children (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    utime, stime, cutime, cstime = (int(f) for f in fields[11:15])
+    return (utime + stime + cutime + cstime) / os.sysconf("SC_CLK_TCK")
+
+
 def manifest(name: str) -> dict[str, Any]:
     """A ServingCluster without GPUs, so KWOK schedules and runs every pod."""
     return {
@@ -195,6 +202,16 @@ class Bench:
             self.operator.wait()
         return peak
 
+    def processes(self) -> dict[str, int]:
+        """Pid of every control-plane component and of the operator."""
+        pids = {name: child.pid for name, child in self.plane.children.items()}
+        if self.operator is not None:
+            pids["operator"] = self.operator.pid
+        return pids
+
+    def cpu(self) -> dict[str, float]:
+        return {name: cpu_seconds(pid) for name, pid in self.processes().items()}
+
     def children_done(self, names: set[str]) -> set[str]:
         """The clusters among `names` whose 3 Deployments and 3 PDBs all exist."""
         counts: collections.Counter[str] = collections.Counter()
@@ -230,16 +247,22 @@ class Bench:
         self, count: int, settle_s: float, quiet_s: float, burst_limit_s: float
     ) -> dict[str, Any]:
         names = {f"burst-{i}" for i in range(count)}
+        cpu_before = self.cpu()
         start_wall, start = time.time(), time.monotonic()
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
             list(pool.map(self.create, sorted(names)))
         created_s = time.monotonic() - start
+        progress: list[tuple[float, int]] = []  # (seconds since the first create, clusters done)
         while (done := len(self.children_done(names))) < count:
-            if time.monotonic() - start > burst_limit_s:
+            elapsed = time.monotonic() - start
+            if not progress or elapsed - progress[-1][0] >= 30:
+                progress.append((round(elapsed, 1), done))
+            if elapsed > burst_limit_s:
                 break  # reported as not all done: how many were, and the requests so far
             time.sleep(0.25)
         children_s = time.monotonic() - start
         load_at_children = load_average()
+        cpu_at_children = self.cpu()
         seen, last_change = 0, time.monotonic()
         while time.monotonic() - start - children_s < settle_s:
             time.sleep(1.0)
@@ -249,6 +272,7 @@ class Bench:
             elif time.monotonic() - last_change >= quiet_s:
                 break
         settled_s = time.monotonic() - start
+        cpu_settled = self.cpu()
         requests = self.audit.since(start_wall)
         by_kind = collections.Counter(
             f"{e['verb']} {e.get('objectRef', {}).get('resource', '?')}"
@@ -265,12 +289,21 @@ class Bench:
             "all_children_s": round(children_s, 2) if done == count else None,
             "children_done_at_limit": None if done == count else done,
             "load_at_children": load_at_children,
+            "progress": progress,
             "settled_s": round(settled_s, 1),
             "requests": len(requests),
             "requests_per_cluster": round(len(requests) / count, 1),
             "status_patches": by_kind["patch servingclusters/status"],
             "events_posted": by_kind["create events"] + by_kind["patch events"],
             "by_kind": dict(by_kind.most_common()),
+            # CPU seconds each process spent from the first create until the children existed,
+            # and over the whole burst + settle: which of them the 2 cores went to.
+            "cpu_s_to_children": {
+                name: round(cpu_at_children[name] - cpu_before[name], 1) for name in cpu_before
+            },
+            "cpu_s_total": {
+                name: round(cpu_settled[name] - cpu_before[name], 1) for name in cpu_before
+            },
         }
 
     def deployment_watches(self) -> list[str]:

@@ -385,7 +385,12 @@ class RouterSpec(_Model):
     """The KV-aware router in front of the pools."""
 
     replicas: int = Field(1, ge=0)
-    """Router pods."""
+    """Router pods. Above one, a PodDisruptionBudget keeps all but one of them through
+    voluntary disruptions (drains), and the default topologySpreadConstraints spread them."""
+    processes: int = Field(1, ge=1, le=64)
+    """Router processes per pod, sharing its port (SO_REUSEPORT): each is a whole router on its
+    own core. Give the container about one CPU core per process: the default `resources` does
+    (see `resources`)."""
     image: str = DEFAULT_ROUTER_IMAGE
     """Tandem image (command `tandem router`)."""
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
@@ -409,18 +414,24 @@ class RouterSpec(_Model):
     and condition ExactTokenization is False."""
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", alias="logLevel")
     """Router log level."""
-    resources: ResourceRequirements = Field(
-        default_factory=lambda: ResourceRequirements(
-            requests={"cpu": "500m", "memory": "512Mi"}, limits={"memory": "2Gi"}
-        )
-    )
-    """Router container resources."""
+    resources: ResourceRequirements | None = None
+    """Router container resources. Unset: requests cpu 500m and memory 512Mi, limits memory 2Gi
+    for one process; with `processes` > 1, one CPU core, 512Mi requested and 2Gi of memory limit
+    per process (each holds its own index and tokenizer). No CPU limit: throttling would add
+    latency to every request."""
     node_selector: dict[str, str] = Field(default_factory=dict, alias="nodeSelector")
     """Node labels the router pods must match."""
     tolerations: list[Toleration] = Field(default_factory=list)
     """Taints the router pods tolerate."""
     affinity: dict[str, Any] | None = None
     """A core/v1 Affinity of the router pods."""
+    topology_spread_constraints: list[dict[str, Any]] | None = Field(
+        None, alias="topologySpreadConstraints"
+    )
+    """core/v1 TopologySpreadConstraints of the router pods, passed through unchanged. Unset: at
+    most one pod of skew across nodes (kubernetes.io/hostname) and zones
+    (topology.kubernetes.io/zone), preferred (ScheduleAnyway) so a one-node cluster still runs
+    every replica; `[]` turns spreading off."""
     env: list[EnvVar] = Field(default_factory=list)
     """Extra environment variables of the router."""
     pod_labels: dict[str, str] = Field(default_factory=dict, alias="podLabels")

@@ -114,7 +114,7 @@ ServingCluster so that deleting it garbage-collects them; PVCs and Secrets are o
 |---|---|---|
 | Deployment | `NAME-prefill`, `NAME-decode` | `vllm serve` with NixlConnector (`kv_producer` / `kv_consumer`), KV events on ports 5557 (PUB) and 5558 (replay), NIXL side channel 5600, HTTP 8000, probes on `/health`; no prefill pool when `router.disaggregation.mode` is `never` |
 | Service (headless) | `NAME-prefill`, `NAME-decode` | ports `http`, `kv-events`, `kv-replay`, `nixl` |
-| PodDisruptionBudget | `NAME-prefill`, `NAME-decode`, `NAME-router` | `maxUnavailable: 1` |
+| PodDisruptionBudget | `NAME-prefill`, `NAME-decode`; `NAME-router` when `router.replicas` > 1 | `maxUnavailable: 1` (follows the current scale; an unready pod counts against it) |
 | Deployment, Service | `NAME-router` | `tandem router --config /etc/tandem/router.yaml`; the Service is the endpoint clients use; liveness probe `/livez`, readiness `/health` |
 | Service | `NAME-router-admin` | ClusterIP, port `admin` (9901): the router's `/metrics` (scraped by the ServiceMonitor) and `/engines` |
 | ConfigMap | `NAME-router` | key `router.yaml`: the router's configuration (a change rolls the router pods) |

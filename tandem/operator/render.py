@@ -19,6 +19,7 @@ from tandem.operator.api import (
     PoolSpec,
     ProbeOverride,
     Probes,
+    RouterSpec,
     ServingCluster,
     Toleration,
     pool_replicas,
@@ -474,7 +475,11 @@ def engine_service(sc: ServingCluster, role: Role) -> dict[str, Any]:
 
 
 def disruption_budget(sc: ServingCluster, role: Component) -> dict[str, Any]:
-    """At most one pod of a component down at a time from voluntary disruptions (drains)."""
+    """At most one pod of a component down at a time from voluntary disruptions (drains).
+
+    maxUnavailable rather than minAvailable: it follows the Deployment's current scale (the
+    autoscaler's, or a router scaled from 3 to 5) without being re-rendered, and a pod that is
+    already unready counts against it, so a drain never takes a second one."""
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
@@ -517,6 +522,7 @@ def router_config(
         disaggregation=router.disaggregation,
         admission=router.admission,
         timeouts=router.timeouts,
+        processes=router.processes,
         kubernetes=None
         if static
         else KubernetesDiscovery(
@@ -590,10 +596,46 @@ def config_hash(config_map: dict[str, Any]) -> str:
     return hashlib.sha256(_compact_json(config_map["data"]).encode()).hexdigest()[:16]
 
 
+def router_resources(router: RouterSpec) -> dict[str, Any]:
+    """The router container's resources: `router.resources` when set, else for one process
+    requests cpu 500m / memory 512Mi and limits memory 2Gi; for P > 1 processes requests cpu P /
+    memory P x 512Mi and limits memory P x 2Gi (every process is a whole router on its own core).
+    Never a CPU limit (CFS throttling adds latency to every request)."""
+    if router.resources is not None:
+        return router.resources.model_dump(by_alias=True)
+    processes = router.processes
+    cpu = "500m" if processes == 1 else str(processes)
+    return {
+        "requests": {"cpu": cpu, "memory": f"{512 * processes}Mi"},
+        "limits": {"memory": f"{2 * processes}Gi"},
+    }
+
+
+def router_spread(sc: ServingCluster) -> list[dict[str, Any]]:
+    """`router.topologySpreadConstraints` when set, else a maxSkew of 1 across nodes and zones,
+    preferred only (ScheduleAnyway: a one-node or zoneless cluster still runs every replica).
+    Rendered whatever the replica count, so scaling the router never changes its pod template
+    (which would roll the running pods). `pod-template-hash` makes a rollout's new pods spread
+    among themselves rather than against the old ones about to go."""
+    if sc.spec.router.topology_spread_constraints is not None:
+        return sc.spec.router.topology_spread_constraints
+    return [
+        {
+            "maxSkew": 1,
+            "topologyKey": key,
+            "whenUnsatisfiable": "ScheduleAnyway",
+            "labelSelector": {"matchLabels": selector_labels(sc, "router")},
+            "matchLabelKeys": ["pod-template-hash"],
+        }
+        for key in ("kubernetes.io/hostname", "topology.kubernetes.io/zone")
+    ]
+
+
 def router_deployment(sc: ServingCluster) -> dict[str, Any]:
     router = sc.spec.router
     name = child_name(sc, "router")
     volumes, mounts = router_volumes(sc)
+    spread = router_spread(sc)
 
     def probe(path: str) -> dict[str, Any]:
         return {"httpGet": {"path": path, "port": "http"}, "timeoutSeconds": 3}
@@ -608,7 +650,7 @@ def router_deployment(sc: ServingCluster) -> dict[str, Any]:
             {"name": "http", "containerPort": ROUTER_PORT, "protocol": "TCP"},
             {"name": "admin", "containerPort": ROUTER_ADMIN_PORT, "protocol": "TCP"},
         ],
-        "resources": router.resources.model_dump(by_alias=True),
+        "resources": router_resources(router),
         "volumeMounts": mounts,
         # Ready while a decode engine is healthy; alive while the process serves (engines may
         # take minutes to load, and restarting the router then helps nobody).
@@ -660,6 +702,7 @@ def router_deployment(sc: ServingCluster) -> dict[str, Any]:
                     "terminationGracePeriodSeconds": 30,
                     **_pull_secrets(sc),
                     **_placement(router.node_selector, router.tolerations, router.affinity),
+                    **({"topologySpreadConstraints": spread} if spread else {}),
                 },
             },
         },
@@ -998,8 +1041,11 @@ def render(sc: ServingCluster) -> list[dict[str, Any]]:
         router_service(sc),
         router_admin_service(sc),
         router_deployment(sc),
-        disruption_budget(sc, "router"),
     ]
+    if sc.spec.router.replicas > 1:
+        # One router pod has nothing to keep through a drain (a budget of maxUnavailable 1 would
+        # allow evicting it anyway); dropping back to one prunes the budget.
+        objects.append(disruption_budget(sc, "router"))
     if sc.spec.monitoring.enabled:
         objects += monitors(sc)
     if sc.spec.network_policy.enabled:

@@ -79,7 +79,8 @@ def test_defaults_make_a_valid_object() -> None:
     defaulted = apply_defaults(spec_schema, {"model": {"name": "m"}})
     assert defaulted["engine"]["blockSize"] == 16
     assert defaulted["prefill"]["replicas"] == 1
-    assert defaulted["router"]["resources"]["requests"]["cpu"] == "500m"
+    assert defaulted["router"]["processes"] == 1
+    assert "resources" not in defaulted["router"]  # rendered from `processes` when unset
     meta = {"name": "x"}
     assert ServingCluster.model_validate(
         {"metadata": meta, "spec": defaulted}

@@ -97,7 +97,6 @@ def test_objects_of_the_pd_example(pd_cluster: ServingCluster) -> None:
         ("ServiceAccount", "llama-8b-router"), ("Role", "llama-8b-router"), ("RoleBinding", "llama-8b-router"),
         ("ConfigMap", "llama-8b-router"), ("Service", "llama-8b-router"), ("Deployment", "llama-8b-router"),
         ("Service", "llama-8b-router-admin"),
-        ("PodDisruptionBudget", "llama-8b-router"),
         ("Service", "llama-8b-prefill"), ("Deployment", "llama-8b-prefill"), ("PodDisruptionBudget", "llama-8b-prefill"),
         ("Service", "llama-8b-decode"), ("Deployment", "llama-8b-decode"), ("PodDisruptionBudget", "llama-8b-decode"),
         ("ServiceMonitor", "llama-8b-router"), ("PodMonitor", "llama-8b-engines"),

@@ -24,6 +24,7 @@ FROM_ROUTER_SPEC = {
     "metrics_scrape_interval_s": "metrics_scrape_interval_seconds",
     "tokenizer": "tokenizer",
     "log_level": "log_level",
+    "processes": "processes",
 }
 # Taken from elsewhere in the spec: the model's name and the engines' block hashing.
 # chat_template / chat_template_kwargs: the engines' own --chat-template flags (tokenizer.py)
