@@ -7,6 +7,7 @@ after a restart and the periodic resync all run the same `reconcile_body`.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import datetime
 import fnmatch
@@ -69,6 +70,8 @@ log = logging.getLogger("tandem.operator")
 # API groups that may be absent from a cluster; their objects are skipped (and not pruned) then.
 OPTIONAL_GROUPS = ("monitoring.coreos.com/", "keda.sh/")
 RETRY_DELAY_S = 30.0
+# ServingClusters a resync pass reconciles at once.
+DEFAULT_RESYNC_CONCURRENCY = 8
 
 
 class EventSink(Protocol):
@@ -364,6 +367,20 @@ def reconcile_body(
     Raises kopf.PermanentError for a spec that cannot be rendered (retrying will not help) and
     kopf.TemporaryError when the API server refused or failed an apply (retried after a delay).
     """
+    meta = body["metadata"]
+    # Held for the whole reconcile: a child-change refresh meanwhile would report the children
+    # half applied (and LIST the ones not applied yet); it waits for this one's report instead.
+    with status_lock(meta["namespace"], meta["name"]):
+        return _reconcile(kube, body, events, full, caches)
+
+
+def _reconcile(
+    kube: Kube,
+    body: Mapping[str, Any],
+    events: EventSink,
+    full: bool,
+    caches: Caches | None,
+) -> str | None:
     generation = body.get("metadata", {}).get("generation")
     try:
         sc = parse_manifest(dict(body))
@@ -395,10 +412,14 @@ def reconcile_body(
         )
         raise kopf.TemporaryError(message, delay=RETRY_DELAY_S) from None
     blockers = reconcile_blockers(kube, sc, outcome, engine_key)
+    live: Mapping[ObjectKey, dict[str, Any]] = outcome.live
     if caches is not None:
         for key, obj in outcome.live.items():
             if key.kind == "Deployment":
                 caches.deployments.put(obj)
+        # The newer of each apply reply and what the watch delivered since (a status change
+        # whose refresh waited for this reconcile).
+        live = caches.cluster_deployments(sc)
     if outcome.pruned:
         pruned = ", ".join(map(str, outcome.pruned))
         events(
@@ -422,7 +443,7 @@ def reconcile_body(
         observed_generation=generation,
         applied=len(outcome.applied),
         blockers=blockers,
-        live=outcome.live,
+        live=live,
         caches=caches,
     )
 
@@ -463,6 +484,10 @@ def reconcile_reporting(
         raise kopf.TemporaryError(message, delay=RETRY_DELAY_S) from exc
 
 
+class ReconcileInProgress(Exception):
+    """A refresh found the ServingCluster's reconcile running (and did not wait for it)."""
+
+
 def refresh_owner_status(
     kube: Kube,
     namespace: str,
@@ -470,27 +495,45 @@ def refresh_owner_status(
     events: EventSink = kopf_event,
     reapply: bool = False,
     caches: Caches | None = None,
+    wait: bool = True,
 ) -> str | None:
     """Recompute a ServingCluster's status after one of its children changed (re-applying the
     children first when one was deleted behind the operator's back). None if it is gone.
 
     With `caches` (the watches' and our writes' latest bodies) a refresh that changes nothing
     sends no request at all; without, it reads the ServingCluster and LISTs its Deployments.
-    Either way under the status lock, so it compares with the latest status this process wrote."""
-    with status_lock(namespace, cluster_name):
-        body = caches.clusters.get(namespace, cluster_name) if caches is not None else None
-        if body is None:
-            body = kube.get(API_VERSION, KIND, namespace, cluster_name)
-        if body is None or body["metadata"].get("deletionTimestamp"):
-            return None
-        if reapply:
-            return reconcile_reporting(kube, body, events, caches=caches)
-        try:
-            sc = parse_manifest(body)
-        except ManifestError:
-            return None  # the main handlers report invalid specs
-        live = caches.cluster_deployments(sc) if caches is not None else None
-        return report_status(kube, body, sc, events, live=live, fresh=body, caches=caches)
+    Either way under the status lock, so it compares with the latest status this process wrote;
+    with `wait` False, ReconcileInProgress when a reconcile holds it (the caller asks again)."""
+    lock = status_lock(namespace, cluster_name)
+    if not lock.acquire(blocking=wait):
+        raise ReconcileInProgress(f"{namespace}/{cluster_name}")
+    try:
+        return _refresh(kube, namespace, cluster_name, events, reapply, caches)
+    finally:
+        lock.release()
+
+
+def _refresh(
+    kube: Kube,
+    namespace: str,
+    cluster_name: str,
+    events: EventSink,
+    reapply: bool,
+    caches: Caches | None,
+) -> str | None:
+    body = caches.clusters.get(namespace, cluster_name) if caches is not None else None
+    if body is None:
+        body = kube.get(API_VERSION, KIND, namespace, cluster_name)
+    if body is None or body["metadata"].get("deletionTimestamp"):
+        return None
+    if reapply:
+        return reconcile_reporting(kube, body, events, caches=caches)
+    try:
+        sc = parse_manifest(body)
+    except ManifestError:
+        return None  # the main handlers report invalid specs
+    live = caches.cluster_deployments(sc) if caches is not None else None
+    return report_status(kube, body, sc, events, live=live, fresh=body, caches=caches)
 
 
 class CoalescedRefresh:
@@ -498,7 +541,9 @@ class CoalescedRefresh:
 
     A Deployment rolling out changes its status many times a second; every change asks for a
     refresh here, and the requests that arrive while one is waiting (`delay_s`) or running fold
-    into a single next run (re-applying if any of them was a deletion)."""
+    into a single next run (re-applying if any of them was a deletion). A refresh that finds the
+    cluster's reconcile running (ReconcileInProgress) is asked for again after the next delay,
+    holding no thread meanwhile."""
 
     def __init__(self, refresh: Callable[[str, str, bool], object], delay_s: float = 1.0):
         self.refresh = refresh
@@ -519,6 +564,8 @@ class CoalescedRefresh:
                 reapply = self.pending.pop(key)
                 try:
                     await asyncio.to_thread(self.refresh, key[0], key[1], reapply)
+                except ReconcileInProgress:
+                    self.pending[key] = self.pending.get(key, False) or reapply
                 except (KubeError, kopf.TemporaryError, kopf.PermanentError) as exc:
                     log.warning("%s/%s: status refresh failed: %s", key[0], key[1], exc)
         finally:
@@ -552,23 +599,38 @@ def list_serving_clusters(kube: Kube, namespaces: Sequence[str]) -> list[dict[st
     return [{**item, "apiVersion": API_VERSION, "kind": KIND} for item in items]
 
 
-def resync_once(kube: Kube, namespaces: Sequence[str], events: EventSink = kopf_event) -> int:
-    """Reconcile every ServingCluster once (drift repair, autoscaler decisions); returns how many."""
-    done = 0
-    for body in list_serving_clusters(kube, namespaces):
-        if body["metadata"].get("deletionTimestamp"):
-            continue
+def resync_once(
+    kube: Kube,
+    namespaces: Sequence[str],
+    events: EventSink = kopf_event,
+    concurrency: int = DEFAULT_RESYNC_CONCURRENCY,
+    caches: Caches | None = None,
+) -> int:
+    """Reconcile every ServingCluster once (drift repair, autoscaler decisions), `concurrency`
+    of them at a time; returns how many were reconciled.
+
+    Each reconcile mostly waits on the API server, so a pass over N clusters takes about
+    N x (one reconcile) / concurrency; the bound keeps a pass from queueing hundreds of requests
+    at once in front of the API server (and of kopf's own handlers, which share it)."""
+
+    def one(body: dict[str, Any]) -> bool:
         try:
-            reconcile_reporting(kube, body, events, full=True)
-            done += 1
+            reconcile_reporting(kube, body, events, full=True, caches=caches)
         except (kopf.TemporaryError, kopf.PermanentError) as exc:
-            log.warning(
-                "%s/%s: resync failed: %s",
-                body["metadata"]["namespace"],
-                body["metadata"]["name"],
-                exc,
-            )
-    return done
+            meta = body["metadata"]
+            log.warning("%s/%s: resync failed: %s", meta["namespace"], meta["name"], exc)
+            return False
+        return True
+
+    bodies = [
+        body
+        for body in list_serving_clusters(kube, namespaces)
+        if not body["metadata"].get("deletionTimestamp")
+    ]
+    with concurrent.futures.ThreadPoolExecutor(
+        max_workers=max(1, concurrency), thread_name_prefix="resync"
+    ) as pool:
+        return sum(pool.map(one, bodies))
 
 
 async def resync_forever(
@@ -576,6 +638,8 @@ async def resync_forever(
     period_s: float,
     namespaces: Sequence[str],
     leadership: Leadership,
+    concurrency: int = DEFAULT_RESYNC_CONCURRENCY,
+    caches: Caches | None = None,
 ) -> None:
     """Resync every `period_s` on the active replica (a standby skips its turn); a failed pass
     is logged and the loop goes on (each object's own failure is already reported on it by
@@ -585,7 +649,9 @@ async def resync_forever(
         if not leadership.active:
             continue
         try:
-            await asyncio.to_thread(resync_once, client(), namespaces)
+            await asyncio.to_thread(
+                resync_once, client(), namespaces, kopf_event, concurrency, caches
+            )
         except Exception as exc:
             log.error("resync: pass failed: %s: %s", exc.__class__.__name__, exc, exc_info=exc)
 
@@ -609,6 +675,7 @@ def register(
     client: Callable[[], Kube] = kube,
     namespaces: Sequence[str] = (),
     leadership: Leadership | None = None,
+    resync_concurrency: int = DEFAULT_RESYNC_CONCURRENCY,
 ) -> None:
     """Register the ServingCluster handlers, the child-Deployment watch and the periodic resync
     into `registry`. The resync is a plain background loop rather than a kopf timer, because a
@@ -618,7 +685,7 @@ def register(
     caches = Caches()
     refresher = CoalescedRefresh(
         lambda namespace, name, reapply: refresh_owner_status(
-            client(), namespace, name, reapply=reapply, caches=caches
+            client(), namespace, name, reapply=reapply, caches=caches, wait=False
         )
     )
 
@@ -639,7 +706,7 @@ def register(
     @kopf.on.startup(id="resync", registry=registry)
     async def start_resync(memo: kopf.Memo, **_: Any) -> None:
         memo["resync"] = asyncio.create_task(
-            resync_forever(client, resync_seconds, namespaces, leader)
+            resync_forever(client, resync_seconds, namespaces, leader, resync_concurrency, caches)
         )
         memo["leadership"] = asyncio.create_task(leader.follow(client))
 

@@ -13,8 +13,8 @@ import kopf
 
 from tandem.operator import metrics
 from tandem.operator.api import GROUP
+from tandem.operator.handlers import DEFAULT_RESYNC_CONCURRENCY, register
 from tandem.operator.handlers import kube as operator_kube
-from tandem.operator.handlers import register
 from tandem.operator.kube import KubeError
 from tandem.operator.peering import (
     DEFAULT_LIFETIME_S,
@@ -67,6 +67,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument(
         "--resync-seconds", type=float, default=300.0, help="period of the drift-repair resync"
     )
+    parser.add_argument(
+        "--resync-concurrency", type=int, default=DEFAULT_RESYNC_CONCURRENCY, metavar="N",
+        help="ServingClusters one resync pass reconciles at once",
+    )  # fmt: skip
     parser.add_argument(
         "--watch-timeout", type=int, default=300, help="server-side timeout of each watch request"
     )
@@ -142,6 +146,7 @@ def main(argv: list[str]) -> int:
     register(
         registry,
         resync_seconds=args.resync_seconds,
+        resync_concurrency=args.resync_concurrency,
         namespaces=args.namespace,
         leadership=leadership,
     )

@@ -7,6 +7,7 @@ whole objects (FakeKube); the real kube-apiserver runs these same handlers in th
 from __future__ import annotations
 
 import copy
+import threading
 from typing import Any
 
 import kopf
@@ -24,9 +25,11 @@ UID = "0b8e2f1c-1111-2222-3333-444455556666"
 
 
 class FakeKube:
-    """An in-memory API server: objects by (apiVersion, kind, namespace, name)."""
+    """An in-memory API server: objects by (apiVersion, kind, namespace, name). Each call holds
+    one lock, so several reconciling threads (a concurrent resync) can share it."""
 
     def __init__(self, monitoring: bool = True) -> None:
+        self.guard = threading.RLock()
         self.objects: dict[ObjectKey, dict[str, Any]] = {}
         self.monitoring = monitoring
         self.applies: list[ObjectKey] = []
@@ -34,69 +37,76 @@ class FakeKube:
         self.fail_apply: str | None = None
 
     def apply(self, obj: dict[str, Any], force: bool = True) -> dict[str, Any]:
-        if self.fail_apply and obj["kind"] == self.fail_apply:
-            raise KubeError(403, "Forbidden", f"{obj['kind']} is forbidden for {FIELD_MANAGER}")
-        key = ObjectKey.of(obj)
-        self.applies.append(key)
-        stored = copy.deepcopy(obj)
-        old = self.objects.get(key)
-        if old and "status" in old:
-            stored["status"] = old["status"]
-        stored["metadata"].setdefault("generation", 1)
-        self.objects[key] = stored
-        return stored
+        with self.guard:
+            if self.fail_apply and obj["kind"] == self.fail_apply:
+                raise KubeError(403, "Forbidden", f"{obj['kind']} is forbidden for {FIELD_MANAGER}")
+            key = ObjectKey.of(obj)
+            self.applies.append(key)
+            stored = copy.deepcopy(obj)
+            old = self.objects.get(key)
+            if old and "status" in old:
+                stored["status"] = old["status"]
+            stored["metadata"].setdefault("generation", 1)
+            self.objects[key] = stored
+            return stored
 
     def create(self, obj: dict[str, Any], dry_run: bool = False) -> dict[str, Any] | None:
-        key = ObjectKey.of(obj)
-        if key in self.objects:
-            return None
-        stored = copy.deepcopy(obj)
-        stored["metadata"]["uid"] = f"uid-{key.kind}-{key.name}"
-        if not dry_run:
-            self.objects[key] = stored
-        return stored
+        with self.guard:
+            key = ObjectKey.of(obj)
+            if key in self.objects:
+                return None
+            stored = copy.deepcopy(obj)
+            stored["metadata"]["uid"] = f"uid-{key.kind}-{key.name}"
+            if not dry_run:
+                self.objects[key] = stored
+            return stored
 
     def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
-        found = self.objects.get(ObjectKey(api_version, kind, namespace, name))
-        return copy.deepcopy(found) if found else None
+        with self.guard:
+            found = self.objects.get(ObjectKey(api_version, kind, namespace, name))
+            return copy.deepcopy(found) if found else None
 
     def list(
         self, api_version: str, kind: str, namespace: str, selector: str
     ) -> list[dict[str, Any]]:
-        wanted = dict(term.split("=") for term in selector.split(","))
-        return [
-            copy.deepcopy(obj)
-            for key, obj in self.objects.items()
-            if (key.api_version, key.kind, key.namespace) == (api_version, kind, namespace)
-            and wanted.items() <= obj["metadata"].get("labels", {}).items()
-        ]
+        with self.guard:
+            wanted = dict(term.split("=") for term in selector.split(","))
+            return [
+                copy.deepcopy(obj)
+                for key, obj in self.objects.items()
+                if (key.api_version, key.kind, key.namespace) == (api_version, kind, namespace)
+                and wanted.items() <= obj["metadata"].get("labels", {}).items()
+            ]
 
     def delete(self, api_version: str, kind: str, namespace: str, name: str) -> None:
-        key = ObjectKey(api_version, kind, namespace, name)
-        self.deletes.append(key)
-        self.objects.pop(key, None)
+        with self.guard:
+            key = ObjectKey(api_version, kind, namespace, name)
+            self.deletes.append(key)
+            self.objects.pop(key, None)
 
     def patch_status(
         self, api_version: str, kind: str, namespace: str, name: str, status: dict[str, Any]
     ) -> dict[str, Any]:
-        key = ObjectKey(api_version, kind, namespace, name)
-        if key not in self.objects:
-            raise NotFound(404, "NotFound", name)
-        self.objects[key]["status"] = {**self.objects[key].get("status", {}), **status}
-        return copy.deepcopy(self.objects[key])
+        with self.guard:
+            key = ObjectKey(api_version, kind, namespace, name)
+            if key not in self.objects:
+                raise NotFound(404, "NotFound", name)
+            self.objects[key]["status"] = {**self.objects[key].get("status", {}), **status}
+            return copy.deepcopy(self.objects[key])
 
     def request(self, method: str, path: str) -> dict[str, Any]:
-        assert method == "GET"
-        parts = path.strip("/").split(
-            "/"
-        )  # apis/tandem.dev/v1alpha1[/namespaces/NS]/servingclusters
-        namespace = parts[4] if "namespaces" in parts else None
-        items = [
-            copy.deepcopy(obj)
-            for key, obj in self.objects.items()
-            if key.kind == "ServingCluster" and namespace in (None, key.namespace)
-        ]
-        return {"items": items}
+        with self.guard:
+            assert method == "GET"
+            parts = path.strip("/").split(
+                "/"
+            )  # apis/tandem.dev/v1alpha1[/namespaces/NS]/servingclusters
+            namespace = parts[4] if "namespaces" in parts else None
+            items = [
+                copy.deepcopy(obj)
+                for key, obj in self.objects.items()
+                if key.kind == "ServingCluster" and namespace in (None, key.namespace)
+            ]
+            return {"items": items}
 
     def serves(self, api_version: str, kind: str) -> bool:
         return self.monitoring or not api_version.startswith("monitoring.coreos.com/")
