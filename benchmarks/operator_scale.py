@@ -227,7 +227,7 @@ class Bench:
         )[:4]
         response = self.api.call_api(method, url, header_params=headers, body=body)
         response.read()
-        items: list[dict[str, Any]] = json.loads(response.data)["items"]
+        items: list[dict[str, Any]] = json.loads(response.data)["items"] or []  # null when none
         return items
 
     def children_done(self, names: set[str]) -> set[str]:
