@@ -1,5 +1,6 @@
 """The latest known body of objects the operator watches or writes, so that a status refresh after
-a child changed reads nothing from the API server.
+a child changed reads nothing from the API server; and the uids of the children it applied, so
+that a later reconcile applies over them without reading each one first (`ChildUids`).
 
 Bodies come from two places: the watch streams kopf already holds open (ServingClusters and the
 operator's Deployments) and the replies to the operator's own writes (apply, status patch). A body
@@ -65,3 +66,32 @@ class ObjectCache:
                 if ns == namespace
                 and labels.items() <= (body.get("metadata", {}).get("labels") or {}).items()
             ]
+
+
+class ChildUids:
+    """The uid of every child this process applied, by ServingCluster (namespace, name).
+
+    A later apply carries the uid in its metadata, which the API server takes as a precondition:
+    the apply succeeds only on that very object (an object deleted meanwhile: 409 uid mismatch;
+    one re-created under the name, by anyone: 422 uid immutable). So an object this process
+    applied needs no read to tell it is still ours. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._by_cluster: dict[Key, dict[Any, str]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, cluster: Key, child: Any) -> str | None:
+        with self._lock:
+            return self._by_cluster.get(cluster, {}).get(child)
+
+    def put(self, cluster: Key, child: Any, uid: str) -> None:
+        with self._lock:
+            self._by_cluster.setdefault(cluster, {})[child] = uid
+
+    def forget(self, cluster: Key, child: Any | None = None) -> None:
+        """Forget one child's uid, or (child None) every child of the cluster."""
+        with self._lock:
+            if child is None:
+                self._by_cluster.pop(cluster, None)
+            else:
+                self._by_cluster.get(cluster, {}).pop(child, None)

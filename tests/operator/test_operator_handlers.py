@@ -41,11 +41,19 @@ class FakeKube:
             if self.fail_apply and obj["kind"] == self.fail_apply:
                 raise KubeError(403, "Forbidden", f"{obj['kind']} is forbidden for {FIELD_MANAGER}")
             key = ObjectKey.of(obj)
+            old = self.objects.get(key)
+            pinned = obj["metadata"].get("uid")  # the API server's uid precondition
+            if pinned is not None and old is None:
+                raise KubeError(409, "Conflict", f"uid mismatch: {pinned}, no existing object")
+            if pinned is not None and pinned != old["metadata"].get("uid"):  # type: ignore[index]
+                raise KubeError(422, "Invalid", "metadata.uid: field is immutable")
             self.applies.append(key)
             stored = copy.deepcopy(obj)
-            old = self.objects.get(key)
             if old and "status" in old:
                 stored["status"] = old["status"]
+            stored["metadata"]["uid"] = (
+                (old or {}).get("metadata", {}).get("uid", f"uid-{key.kind}-{key.name}")
+            )
             stored["metadata"].setdefault("generation", 1)
             self.objects[key] = stored
             return stored
