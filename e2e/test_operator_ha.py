@@ -19,7 +19,7 @@ import pytest
 from kubernetes import client as k8s
 
 from e2e.conftest import CHART, OPERATOR_NAMESPACE, RELEASE, wait_for_operator
-from e2e.harness.kube import eventually, gone
+from e2e.harness.kube import eventually, gone, no_engine_cluster
 from e2e.harness.podrunner import PodRunner, RunningPod
 from e2e.harness.tools import Clients
 from tandem.operator.peering import is_active
@@ -33,17 +33,8 @@ PEERING = RELEASE  # the chart's fullname (the release name, as it contains the 
 
 
 def _manifest(annotation: str) -> dict[str, Any]:
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "ServingCluster",
-        "metadata": {"name": NAME, "namespace": NAMESPACE},
-        "spec": {
-            "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
-            "prefill": {"replicas": 0},
-            "decode": {"replicas": 0},
-            "router": {"replicas": 0, "service": {"annotations": {"ha/step": annotation}}},
-        },
-    }
+    router = {"replicas": 0, "service": {"annotations": {"ha/step": annotation}}}
+    return no_engine_cluster(NAME, NAMESPACE, router)
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from e2e.harness.kube import eventually, gone
+from e2e.harness.kube import eventually, gone, no_engine_cluster
 from e2e.harness.podrunner import RunningPod
 
 pytestmark = pytest.mark.e2e
@@ -60,21 +60,13 @@ def _node(name: str, zone: str) -> dict[str, Any]:
 
 
 def _manifest(router_replicas: int) -> dict[str, Any]:
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "ServingCluster",
-        "metadata": {"name": NAME, "namespace": NAMESPACE},
-        "spec": {
-            "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
-            "prefill": {"replicas": 0},
-            "decode": {"replicas": 0},
-            "router": {
-                "replicas": router_replicas,
-                "nodeSelector": {NODE_LABEL: "true"},
-                "tolerations": [{"key": NODE_LABEL, "operator": "Exists", "effect": "NoSchedule"}],
-            },
-        },
+    toleration = {"key": NODE_LABEL, "operator": "Exists", "effect": "NoSchedule"}
+    router = {
+        "replicas": router_replicas,
+        "nodeSelector": {NODE_LABEL: "true"},
+        "tolerations": [toleration],
     }
+    return no_engine_cluster(NAME, NAMESPACE, router)
 
 
 @pytest.fixture(scope="module")

@@ -46,3 +46,19 @@ def gone(read: Callable[[], object]) -> bool:
             return True
         raise
     return False
+
+
+def no_engine_cluster(name: str, namespace: str, router: dict[str, Any]) -> dict[str, Any]:
+    """A ServingCluster manifest whose pools have no replicas, so no engine starts: for tests of
+    the operator and the router's objects rather than of serving."""
+    return {
+        "apiVersion": "tandem.dev/v1alpha1",
+        "kind": "ServingCluster",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
+            "prefill": {"replicas": 0},
+            "decode": {"replicas": 0},
+            "router": router,
+        },
+    }
