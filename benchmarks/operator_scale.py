@@ -59,6 +59,7 @@ NAMESPACE = "bench"
 OPERATOR_SA = "tandem-operator"
 OPERATOR_USER = f"system:serviceaccount:{NAMESPACE}:{OPERATOR_SA}"
 GROUP, VERSION, PLURAL = "tandem.dev", "v1alpha1", "servingclusters"
+SERVICE_RANGE = "10.0.0.0/16"
 AUDIT_POLICY = f"""apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: [RequestReceived]
@@ -98,6 +99,9 @@ class Audit:
         self.path = path
         self.offset = 0
         self.found: list[dict[str, Any]] = []
+        # (resource, name) of every object the operator applied successfully, by the cluster
+        # its name starts with (children are named CLUSTER-ROLE).
+        self.applied: dict[str, set[tuple[str, str]]] = collections.defaultdict(set)
 
     def events(self) -> list[dict[str, Any]]:
         if not self.path.exists():
@@ -109,24 +113,18 @@ class Audit:
         self.offset += len(complete)
         for line in complete.splitlines():
             event = json.loads(line)
-            if event.get("stage") == "ResponseComplete":
-                self.found.append(event)
+            if event.get("stage") != "ResponseComplete":
+                continue
+            self.found.append(event)
+            ref = event.get("objectRef", {})
+            if event["verb"] == "patch" and event.get("responseStatus", {}).get("code", 0) < 300:
+                name = ref.get("name", "")
+                self.applied[name.rsplit("-", 1)[0]].add((ref.get("resource", ""), name))
         return self.found
 
     def since(self, start_ts: float) -> list[dict[str, Any]]:
         """Requests the operator made from `start_ts` (epoch seconds) on."""
         return [e for e in self.events() if _epoch(e["requestReceivedTimestamp"]) >= start_ts]
-
-    def applied(self) -> dict[str, set[tuple[str, str]]]:
-        """(resource, name) of every object the operator applied successfully, by the cluster
-        its name starts with (children are named CLUSTER-ROLE)."""
-        by_cluster: dict[str, set[tuple[str, str]]] = collections.defaultdict(set)
-        for event in self.events():
-            ref = event.get("objectRef", {})
-            if event["verb"] == "patch" and event.get("responseStatus", {}).get("code", 0) < 300:
-                name = ref.get("name", "")
-                by_cluster[name.rsplit("-", 1)[0]].add((ref.get("resource", ""), name))
-        return by_cluster
 
 
 def _epoch(stamp: str) -> float:
@@ -233,7 +231,8 @@ class Bench:
         2 PDBs exist: read from the audit log, the operator's applies the API server answered
         with success, so that polling costs the API server nothing (listing 500 clusters'
         children twice a second took it about 0.6 s a time)."""
-        applied = self.audit.applied()
+        self.audit.events()
+        applied = self.audit.applied
         return {
             name
             for name in names
@@ -345,6 +344,9 @@ def run_one(
             f"--audit-log-path={workdir / 'audit.log'}",
             "--audit-log-format=json",
             "--audit-log-mode=blocking",
+            # Every ServingCluster takes two ClusterIPs (the router's Services): the harness's
+            # /24 holds 126 clusters, after which every reconcile fails with "range is full".
+            f"--service-cluster-ip-range={SERVICE_RANGE}",
         ],
     )
     plane.start()

@@ -19,6 +19,7 @@ from kubernetes import config as k8s_config
 from tandem.operator.kinds import PLURALS
 
 FIELD_MANAGER = "tandem-operator"
+CONNECTIONS = 64
 
 
 class KubeError(Exception):
@@ -65,7 +66,12 @@ class Kube:
     def __init__(
         self, configuration: k8s_client.Configuration | None = None, timeout_s: float = 30.0
     ):
-        self.api = k8s_client.ApiClient(configuration or load_configuration())
+        configuration = configuration or load_configuration()
+        # Kept-alive connections: one per request in flight (kopf's handler threads, each
+        # applying several children at once, the resync's, the refreshes'); the client's default
+        # of 5 per CPU discards the rest after each request and opens a new TLS connection.
+        configuration.connection_pool_maxsize = CONNECTIONS
+        self.api = k8s_client.ApiClient(configuration)
         self.timeout_s = timeout_s
         self._group_cache: dict[str, tuple[float, set[str]]] = {}
         self._lock = threading.Lock()
