@@ -33,10 +33,10 @@ class ScoringConfig(SettingsModel):
     load_bound_factor: float = Field(1.5, ge=1, alias="loadBoundFactor")
     """An endpoint whose load exceeds this multiple of the pool's mean load plus `loadBoundSlack`
     is skipped, so a hot prefix cannot pile every request onto one pod."""
-    session_load_bound_factor: float = Field(3.0, ge=1, alias="sessionLoadBoundFactor")
-    """The load bound's factor for requests of a session: looser than `loadBoundFactor`, because a
-    session that leaves its engine prefills its whole conversation again elsewhere; it moves only
-    when its engine is far busier than the pool."""
+    session_load_bound_factor: float | None = Field(None, ge=1, alias="sessionLoadBoundFactor")
+    """The load bound for requests of a session (`loadBoundFactor` or more). Unset, a session stays
+    on its engine while the engine is healthy: a session that moves prefills its whole
+    conversation again, and one session adds at most one request at a time to its engine."""
     load_bound_slack: float = Field(1.0, ge=0, alias="loadBoundSlack")
     """Requests added to the load bound: a lightly loaded pool should not pay a prefix miss to
     move one request."""

@@ -6,6 +6,7 @@ proxy gathers the inputs, calls `plan_route` and carries the plan out.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -104,8 +105,9 @@ def rendezvous_order(ranked: list[Choice], key: str | int | None) -> list[Choice
 def decode_ranking(inputs: RouteInputs, config: RouterConfig) -> list[Choice]:
     """The scored ranking, reordered by rendezvous hashing where replicas must agree on their own:
 
-    a session                                -> rendezvous order of the session id, within the
-                                                session load bound;
+    a session                                -> rendezvous order of the session id, among
+                                                engines within the session load bound (all
+                                                healthy ones when it is unset);
     approximate index, no candidate has a hit -> rendezvous order of the first block key.
     The second is the approximate index's answer to replicas: each learns only from its own
     routing history, so a prefix new to one replica may be held elsewhere already; the engine every
@@ -114,7 +116,8 @@ def decode_ranking(inputs: RouteInputs, config: RouterConfig) -> list[Choice]:
     """
     if inputs.session is not None:
         scoring = config.scoring
-        factor = max(scoring.session_load_bound_factor, scoring.load_bound_factor)
+        bound = scoring.session_load_bound_factor
+        factor = math.inf if bound is None else max(bound, scoring.load_bound_factor)
         return rendezvous_order(rank(inputs.decoders, inputs, config, factor), inputs.session)
     ranked = rank(inputs.decoders, inputs, config)
     if inputs.approximate and not any(choice.hit_blocks for choice in ranked):

@@ -32,7 +32,8 @@ def score_engines(
     affinity_key: int | None = None,
     load_bound_factor: float | None = None,
 ) -> list[Choice]:
-    """Candidates within the load bound (`load_bound_factor`, else the weights'), best first.
+    """Candidates within the load bound (`load_bound_factor`, else the weights'; infinite: every
+    engine), best first.
 
     score = w_prefix * prefix + w_queue * queue + w_kv * kv + w_spread * spread
             + w_affinity * affinity

@@ -26,9 +26,11 @@ def _engines(depths: dict[str, int] | None = None) -> list[Engine]:
     ]
 
 
-def _plan(engines: list[Engine], **extra: object) -> Engine:
-    config = RouterConfig.model_validate(
-        {"servedModelName": "tiny", "static": {"decode": [{"url": IDS[0]}]}}
+def _plan(
+    engines: list[Engine], config: dict[str, object] | None = None, **extra: object
+) -> Engine:
+    router = RouterConfig.model_validate(
+        {"servedModelName": "tiny", "static": {"decode": [{"url": IDS[0]}]}, **(config or {})}
     )
     fields: dict[str, object] = {
         "prompt_tokens": 200,
@@ -40,7 +42,7 @@ def _plan(engines: list[Engine], **extra: object) -> Engine:
         "hits": {},
         "cached_blocks": {},
     }
-    plan = plan_route(RouteInputs(**(fields | extra)), config)  # type: ignore[arg-type]
+    plan = plan_route(RouteInputs(**(fields | extra)), router)  # type: ignore[arg-type]
     assert plan is not None
     return plan.decode.engine
 
@@ -74,20 +76,23 @@ def test_hrw_spreads_keys_evenly_and_moves_only_the_removed_engines_keys() -> No
     assert all(after[k] == hrw_order(k, IDS, str)[1] for k in moved)  # to their next engine
 
 
-def test_a_session_goes_to_its_top_engine_then_the_next_over_the_session_load_bound() -> None:
+def test_a_session_stays_on_its_top_engine_while_healthy_or_within_its_bound() -> None:
     session = "conversation-42"
     order = hrw_order(session, IDS, str)
     assert _plan(_engines(), session=session).id == order[0]
     # whatever the prefix hits say and whichever order the pool is listed in
     engines = _engines()[::-1]
     assert _plan(engines, session=session, hits={order[-1]: 12}).id == order[0]
-    # busier than the ordinary bound allows (4 > 1.5 * 1 + 1) but within the session bound
-    # (4 <= 3 * 1 + 1): the session stays, where a request without one would not go
-    assert _plan(_engines({order[0]: 4}), session=session).id == order[0]
-    assert _plan(_engines({order[0]: 4}), first_block_key=1).id != order[0]
-    # its engine over the session load bound (12 > 3 * 3 + 1): the next in HRW order, on every
-    # replica
-    assert _plan(_engines({order[0]: 12}), session=session).id == order[1]
+    # busier than the load bound allows (12 > 1.5 * 3 + 1): a session stays while its engine is
+    # healthy, where a request without one would not go
+    assert _plan(_engines({order[0]: 12}), session=session).id == order[0]
+    assert _plan(_engines({order[0]: 12}), first_block_key=1).id != order[0]
+    # with a session load bound, over it (12 > 2 * 3 + 1): the next in HRW order, on every replica
+    bounded = {"scoring": {"sessionLoadBoundFactor": 2}}
+    assert _plan(_engines({order[0]: 12}), config=bounded, session=session).id == order[1]
+    # within it (2 <= 2 * 0.5 + 1), though over the ordinary bound (2 > 1.5 * 0.5 + 1)
+    assert _plan(_engines({order[0]: 2}), config=bounded, session=session).id == order[0]
+    assert _plan(_engines({order[0]: 2}), first_block_key=1).id != order[0]
     # its engine unhealthy (not a candidate): the next one too
     without = [e for e in _engines() if e.id != order[0]]
     assert _plan(without, session=session).id == order[1]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 
@@ -16,5 +17,7 @@ def within_load_bound(loads: Sequence[float], factor: float, slack: float = 1.0)
     """
     if not loads:
         return []
+    if math.isinf(factor):  # no bound (a session's default)
+        return [True] * len(loads)
     bound = factor * (sum(loads) / len(loads)) + slack
     return [d <= bound for d in loads]
