@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
+import nginx_wrk
 
 from tandem.common.ports import free_port
 
@@ -161,36 +162,42 @@ def start_engine(speedup: float, profile: str | None, blocks: int | None) -> Pro
     return engine
 
 
-def start_router(kind: str, engines: list[Proc]) -> Proc:
-    port, metrics_port = free_port(), free_port()
-    urls = [e.url for e in engines]
+def router_argv(kind: str, port: int, urls: list[str], tandem_args: list[str]) -> list[str]:
+    """The command line of one router over `urls` (`tandem_args`: Tandem's further flags)."""
     if kind == "tandem":
-        # The engines tokenize with the emulator's fallback (no tokenizer.json): the router's
-        # matching tokenization keys its exact index on their KV events.
         argv = [sys.executable, "-m", "tandem.cli", "router", "--host", "127.0.0.1", "--port", str(port),
-                "--model", MODEL, "--block-size", "16", "--log-level", "warning",
-                "--tokenizer", "tandem-fallback"]  # fmt: skip
-        for engine in engines:
-            argv += ["--worker", engine.url, "--kv-events", engine.kv_events]
-        return Proc("tandem", argv + TANDEM_EXTRA_ARGS, port)
+                "--model", MODEL, "--log-level", "warning"]  # fmt: skip
+        for url in urls:
+            argv += ["--worker", url]
+        return argv + tandem_args
     # flags both peers share (they come from one code base); ports set explicitly, see docs/protocols.md §6
     shared = ["--host", "127.0.0.1", "--port", str(port), "--worker-urls", *urls,
-              "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port)]  # fmt: skip
+              "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]  # fmt: skip
     if kind == "sglang":
-        argv = [str(PEERS / "bin" / "python"), "-m", "sglang_router.launch_router", *shared,
-                "--policy", "cache_aware", "--log-level", "warn"]  # fmt: skip
-        return Proc("sglang", argv, port)
+        return [str(PEERS / "bin" / "python"), "-m", "sglang_router.launch_router", *shared,
+                "--policy", SGLANG_POLICY, "--log-level", "warn"]  # fmt: skip
     if kind == "vllm":
-        argv = [str(PEERS / "bin" / "vllm-router"), *shared, "--policy", VLLM_POLICY,
+        return [str(PEERS / "bin" / "vllm-router"), *shared, "--policy", VLLM_POLICY,
                 "--log-level", "warning"]  # fmt: skip
-        return Proc("vllm", argv, port)
     raise ValueError(kind)
+
+
+def start_router(kind: str, engines: list[Proc]) -> Proc:
+    port = free_port()
+    # The engines tokenize with the emulator's fallback (no tokenizer.json): the router's
+    # matching tokenization keys its exact index on their KV events.
+    extra = ["--block-size", "16", "--tokenizer", "tandem-fallback"]
+    for engine in engines:
+        extra += ["--kv-events", engine.kv_events]
+    argv = router_argv(kind, port, [e.url for e in engines], extra + TANDEM_EXTRA_ARGS)
+    return Proc(kind, argv, port)
 
 
 # vllm-router's cache_aware policy asks every worker for POST /v1/completions/render per request;
 # the emulator has no /render (see the printed note), so cache_aware is checked first and the
 # benchmark falls back to the policy that works.
 VLLM_POLICY = "cache_aware"
+SGLANG_POLICY = "cache_aware"
 TANDEM_EXTRA_ARGS: list[str] = []
 
 
@@ -543,6 +550,173 @@ async def check_vllm_policy() -> str:
         engine.stop()
 
 
+# -- the nginx-backend method ------------------------------------------------------------------
+
+
+def router_variants(kinds: list[str], cores: int) -> dict[str, list[str]]:
+    """Routers of one core budget: Tandem with one process per core, the peers as they are
+    (neither has a thread-count flag: their tokio runtimes size themselves from the CPU affinity)."""
+    variants: dict[str, list[str]] = {}
+    for kind in kinds:
+        if kind == "tandem":
+            processes = ["--processes", str(cores)] if cores > 1 else []
+            variants["tandem" if cores == 1 else f"tandem-p{cores}"] = ["--no-kv-events", *processes]
+        else:
+            variants[kind] = []
+    return variants
+
+
+async def measure_nginx_budget(
+    kinds: list[str], cores: int, backends: int, seconds: float, rounds: int
+) -> dict[str, dict[str, float]]:
+    """Every router pinned to the same `cores` CPUs over `backends` nginx engines, nginx and wrk
+    on other CPUs; wrk at concurrency 1 and 64 on each router and on nginx directly, interleaved
+    over `rounds` (the order rotating), medians of the rounds. The router's CPU seconds (its whole
+    process tree) are read over the concurrency-64 run."""
+    router_cpus, nginx_cpus, wrk_cpus = nginx_wrk.core_plan(cores)
+    engines = [nginx_wrk.Nginx(free_port(), nginx_cpus) for _ in range(backends)]
+    routers: dict[str, Proc] = {}
+    per_round: dict[str, list[dict[str, float]]] = {}
+    try:
+        for engine in engines:
+            await asyncio.to_thread(nginx_wrk.wait_http, engine.url + "/health")
+        urls = [e.url for e in engines]
+        for name, extra in router_variants(kinds, cores).items():
+            port = free_port()
+            argv = router_argv(name.split("-")[0], port, urls, extra + TANDEM_EXTRA_ARGS)
+            routers[name] = Proc(name, nginx_wrk.pinned(argv, router_cpus), port)
+        for name, router in routers.items():
+            await router.wait_ready("/v1/models" if name.startswith("tandem") else "/health")
+        targets = {"direct": engines[0].url} | {n: r.url for n, r in routers.items()}
+        for url in targets.values():  # warm-up: connections, caches, the JITs of nothing
+            await asyncio.to_thread(nginx_wrk.wrk, url, 8, 1.0, 1, wrk_cpus)
+        order = list(targets)
+        for round_ in range(rounds):
+            shift = round_ % len(order)
+            for name in order[shift:] + order[:shift]:
+                url, router = targets[name], routers.get(name)
+                c1 = await asyncio.to_thread(nginx_wrk.wrk, url, 1, seconds, 1, wrk_cpus)
+                cpu0 = router.cpu_seconds() if router else 0.0
+                c64 = await asyncio.to_thread(
+                    nginx_wrk.wrk, url, 64, seconds, len(wrk_cpus), wrk_cpus
+                )
+                cpu = router.cpu_seconds() - cpu0 if router else float("nan")
+                per_round.setdefault(name, []).append(
+                    {
+                        "c1_p50": c1.p50_s,
+                        "c1_p99": c1.p99_s,
+                        "c64_p50": c64.p50_s,
+                        "c64_p99": c64.p99_s,
+                        "rps": c64.rps,
+                        "cpu_s": cpu,
+                        "cores_used": cpu / c64.seconds,
+                        "rps_per_cpu_s": c64.requests / cpu if cpu > 0 else float("nan"),
+                        "errors": c1.errors + c64.errors,
+                    }
+                )
+    finally:
+        for router in routers.values():
+            router.stop()
+        for engine in engines:
+            engine.stop()
+    return {
+        name: {key: statistics.median(r[key] for r in rows) for key in rows[0]}
+        | {"errors": sum(r["errors"] for r in rows)}
+        for name, rows in per_round.items()
+    }
+
+
+def print_nginx_report(results: dict[str, dict[str, dict[str, float]]], load: str) -> None:
+    keys = ("c1_p50", "c1_p99", "c64_p50", "c64_p99")
+    for budget, rows in results.items():
+        direct = rows["direct"]
+        ref = rows.get("vllm")
+        print(
+            f"\nnginx backend, routers on {budget} core(s); added latency over nginx direct, "
+            f"microseconds (absolute); req/s and router CPU at concurrency 64; load {load}"
+        )
+        header = "".join(f"{k.replace('_', ' '):>16}" for k in keys)
+        print(
+            f"    {'router':<10}{header} {'req/s':>8} {'cores':>6} {'req/cpu s':>10} {'err':>4}"
+            "   c64 p99 vs vllm  req/cpu s vs vllm"
+        )
+        for name, row in rows.items():
+            if name == "direct":
+                cells = "".join(f"{'(' + format(row[k] * 1e6, '.0f') + ')':>16}" for k in keys)
+                print(f"    {name:<10}{cells} {row['rps']:8.0f}")
+                continue
+            cells = "".join(
+                f"{format((row[k] - direct[k]) * 1e6, '+.0f') + ' (' + format(row[k] * 1e6, '.0f') + ')':>16}"
+                for k in keys
+            )
+            print(
+                f"    {name:<10}{cells} {row['rps']:8.0f} {row['cores_used']:6.2f} "
+                f"{row['rps_per_cpu_s']:10.0f} {int(row['errors']):4d}   "
+                f"{ratio(row['c64_p99'], ref['c64_p99'] if ref else 0):>15}  "
+                f"{ratio(row['rps_per_cpu_s'], ref['rps_per_cpu_s'] if ref else 0):>17}"
+            )
+    tandem = {
+        budget: row
+        for budget, rows in results.items()
+        for name, row in rows.items()
+        if name.startswith("tandem")
+    }
+    if len(tandem) > 1 and "1" in tandem:
+        print("\nTandem req/s per pod by core budget (--processes = cores), concurrency 64")
+        for budget, row in tandem.items():
+            print(f"    {budget} core(s) {row['rps']:8.0f} req/s {ratio(row['rps'], tandem['1']['rps'])}")
+
+
+async def main_nginx(args: argparse.Namespace, kinds: list[str]) -> int:
+    global SGLANG_POLICY, VLLM_POLICY
+    # nginx serves no /render and has no KV cache: round-robin is the fair comparison.
+    SGLANG_POLICY = VLLM_POLICY = "round_robin"
+    budgets = [int(c) for c in args.cores.split(",")]
+    load_before = os.getloadavg()
+    results = {
+        str(cores): await measure_nginx_budget(
+            kinds, cores, args.backends, args.seconds, args.rounds
+        )
+        for cores in budgets
+    }
+    load = " ".join(f"{a:.2f}" for a in load_before) + " -> " + " ".join(
+        f"{a:.2f}" for a in os.getloadavg()
+    )
+    print_nginx_report(results, load)
+    if args.json:
+        record = {
+            "method": "nginx",
+            "results": results,
+            "load_average": load,
+            "cpus": len(os.sched_getaffinity(0)),
+            "seconds": args.seconds,
+            "rounds": args.rounds,
+            "backends": args.backends,
+            "tandem_args": TANDEM_EXTRA_ARGS,
+            "versions": versions(),
+        }
+        await asyncio.to_thread(Path(args.json).write_text, json.dumps(record, indent=1))
+    return 0
+
+
+def versions() -> dict[str, str]:
+    """The versions that shape the numbers: Python, uvloop, httptools, msgspec, nginx, wrk."""
+    import httptools
+    import msgspec
+    import uvloop
+
+    nginx = subprocess.run([nginx_wrk.NGINX, "-v"], capture_output=True, text=True, check=False)
+    wrk = subprocess.run([nginx_wrk.WRK, "-v"], capture_output=True, text=True, check=False)
+    return {
+        "python": sys.version.split()[0],
+        "uvloop": uvloop.__version__,
+        "httptools": httptools.__version__,
+        "msgspec": msgspec.__version__,
+        "nginx": nginx.stderr.strip(),
+        "wrk": (wrk.stdout + wrk.stderr).strip().splitlines()[0] if wrk.stdout + wrk.stderr else "",
+    }
+
+
 # -- report ------------------------------------------------------------------------------------
 
 
@@ -618,6 +792,8 @@ async def main_async(args: argparse.Namespace) -> int:
     kinds = [k.strip() for k in args.routers.split(",") if k.strip()]
     if any(k != "tandem" for k in kinds):
         ensure_peers()
+    if args.method == "nginx":
+        return await main_nginx(args, kinds)
     if "vllm" in kinds:
         VLLM_POLICY = await check_vllm_policy()
         if VLLM_POLICY != "cache_aware":
@@ -670,6 +846,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="also write the numbers to this file")
     parser.add_argument("--tandem-args", default="", help="extra flags for `tandem router`")
     parser.add_argument("--parts", default="abc", help="which measurements to run (a, b, c)")
+    parser.add_argument(
+        "--method",
+        choices=("emulator", "nginx"),
+        default="emulator",
+        help="emulator pools (a, b, c) or nginx backends driven by wrk",
+    )
+    parser.add_argument(
+        "--cores", default="1", help="nginx method: router core budgets, e.g. 1,2,4"
+    )
+    parser.add_argument("--backends", type=int, default=4, help="nginx method: nginx engines")
+    parser.add_argument("--seconds", type=float, default=5.0, help="nginx method: seconds per wrk run")
+    parser.add_argument("--rounds", type=int, default=3, help="nginx method: interleaved rounds")
     args = parser.parse_args(argv)
     try:
         import uvloop

@@ -148,7 +148,14 @@ class HttpConnection(asyncio.Protocol):
         self.closed = False
         self.peer = ""
         self._loop = asyncio.get_running_loop()
+        # The phase's deadline (loop time; 0: none) and the one timer that enforces it, armed for
+        # `_timer_at`: a later deadline leaves it armed (it re-arms itself when it fires early), so
+        # a keep-alive request costs no timer calls at all in the steady state.
+        self._phase = "idle"
+        self._deadline = 0.0
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
+        self._linger: asyncio.TimerHandle | None = None
         self._url = b""
         self._headers: dict[str, str] = {}
         self._header_count = 0
@@ -198,6 +205,10 @@ class HttpConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self._disarm()
+        for timer in (self._timer, self._linger):
+            if timer is not None:
+                timer.cancel()
+        self._timer = self._linger = None
         self.server.connections.discard(self)
         self._pending.clear()
         if self._task is not None and not self._task.done():
@@ -215,18 +226,28 @@ class HttpConnection(asyncio.Protocol):
 
     # timers
     def _arm(self, seconds: float, phase: str) -> None:
-        self._disarm()
-        self._timer = self._loop.call_later(seconds, self._expired, phase)
+        deadline = self._loop.time() + seconds
+        self._phase = phase
+        self._deadline = deadline
+        if self._timer is not None:
+            if self._timer_at <= deadline:
+                return
+            self._timer.cancel()
+        self._timer_at = deadline
+        self._timer = self._loop.call_at(deadline, self._expired)
 
     def _disarm(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._deadline = 0.0  # an armed timer finds no deadline and lapses
 
-    def _expired(self, phase: str) -> None:
+    def _expired(self) -> None:
         self._timer = None
-        if self.closed:
+        if self.closed or not self._deadline:
             return
+        if self._deadline > self._loop.time():
+            self._timer_at = self._deadline
+            self._timer = self._loop.call_at(self._deadline, self._expired)
+            return
+        phase = self._phase
         self.server.count(f"{phase}_timeouts")
         if phase != "idle":
             # A slow client has little unread input: answer and close at once, no lingering
@@ -341,7 +362,7 @@ class HttpConnection(asyncio.Protocol):
         self._resume_reading()
         if transport.can_write_eof():
             transport.write_eof()
-        self._timer = self._loop.call_later(LINGER_S, transport.close)
+        self._linger = self._loop.call_later(LINGER_S, transport.close)
 
     async def _serve(self) -> None:
         while self._pending and not self.closed:

@@ -16,7 +16,7 @@ from tandem.router.metrics import RouterMetrics
 from tandem.router.upstream import Response, UpstreamError, UpstreamTimeout
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ costs a call per field
 class DecodeAnswer:
     """A decode engine's response head, and where its body goes."""
 

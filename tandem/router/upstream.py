@@ -2,8 +2,10 @@
 
 Cancelling a caller closes its socket, so the engine sees the disconnect and aborts the request
 (vLLM does). A connection goes back to the pool only after a complete keep-alive response.
-Silence limits use one watchdog timer per response rather than a timeout per wait, which keeps
-per-chunk cost on long streams to a deque append and a future.
+Silence limits use one watchdog timer per connection rather than a timeout per wait, which keeps
+per-chunk cost on long streams to a deque append and a future; the timer outlives the response it
+was armed for and re-arms itself for the next one, so a pooled request costs no timer calls in
+the steady state.
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ class _Conn(asyncio.Protocol):
         self.closed = False
         self.reused = False
         self.response: Response | None = None
+        self._watchdog: asyncio.TimerHandle | None = None
+        self._watchdog_at = 0.0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(
@@ -66,7 +70,42 @@ class _Conn(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self._stop_watchdog()
         self._broken(UpstreamError(f"connection to {self.pool.base} lost"))
+
+    def watch(self, deadline: float) -> None:
+        """Have the watchdog look at the response by `deadline` (loop time) at the latest."""
+        if self._watchdog is not None:
+            if self._watchdog_at <= deadline:
+                return  # it fires first and re-arms for what is left
+            self._watchdog.cancel()
+        self._watchdog_at = deadline
+        self._watchdog = asyncio.get_running_loop().call_at(deadline, self._check_idle)
+
+    def _stop_watchdog(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
+
+    def _check_idle(self) -> None:
+        """Fails the response that has been silent for its `idle_s`; re-arms while it has not."""
+        self._watchdog = None
+        response = self.response
+        if response is None or response.complete or response.released:
+            return
+        idle_s = response.idle_s
+        if idle_s is None:
+            return
+        deadline = response.last_activity + idle_s
+        if deadline > response.loop.time():
+            self.watch(deadline)
+            return
+        response.fail(
+            UpstreamTimeout(
+                f"{self.pool.base} sent nothing for {idle_s}s", connect=not response.head.done()
+            )
+        )
+        self.close()
 
     def _broken(self, error: UpstreamError) -> None:
         response = self.response
@@ -75,6 +114,7 @@ class _Conn(asyncio.Protocol):
 
     def close(self) -> None:
         self.closed = True
+        self._stop_watchdog()
         if self.transport is not None:
             self.transport.close()
 
@@ -117,35 +157,9 @@ class Response:
         self._waiter: asyncio.Future[None] | None = None
         self._error: UpstreamError | None = None
         self._paused = False
-        self._idle_s = idle_s
-        self._watchdog: asyncio.TimerHandle | None = None
+        self.idle_s = idle_s  # the longest silence allowed (None: no limit)
         if idle_s is not None:
-            self._watchdog = self.loop.call_later(idle_s, self._check_idle)
-
-    def set_idle(self, idle_s: float | None) -> None:
-        """Longest silence allowed from now on (None: no limit)."""
-        self._idle_s = idle_s
-        if self._watchdog is not None:
-            self._watchdog.cancel()
-            self._watchdog = None
-        if idle_s is not None and not self.complete and not self.released:
-            self._watchdog = self.loop.call_later(idle_s, self._check_idle)
-
-    def _check_idle(self) -> None:
-        self._watchdog = None
-        if self.complete or self.released or self._idle_s is None:
-            return
-        left = self.last_activity + self._idle_s - self.loop.time()
-        if left > 0:
-            self._watchdog = self.loop.call_later(left, self._check_idle)
-            return
-        self.fail(
-            UpstreamTimeout(
-                f"{self.conn.pool.base} sent nothing for {self._idle_s}s",
-                connect=not self.head.done(),
-            )
-        )
-        self.conn.close()
+            conn.watch(self.last_activity + idle_s)
 
     def header(self, name: str) -> str | None:
         for key, value in self.headers:
@@ -167,9 +181,6 @@ class Response:
 
     def finish(self) -> None:
         self.complete = True
-        if self._watchdog is not None:
-            self._watchdog.cancel()
-            self._watchdog = None
         self._wake()
 
     def fail(self, error: UpstreamError) -> None:
@@ -218,9 +229,6 @@ class Response:
         if self.released:
             return
         self.released = True
-        if self._watchdog is not None:
-            self._watchdog.cancel()
-            self._watchdog = None
         conn = self.conn
         conn.response = None
         if self.complete and self.keep_alive and self._error is None and not conn.closed:
@@ -280,7 +288,7 @@ class UpstreamPool:
     ) -> Response:
         """Send a request; returns once the response head arrived (the body streams after).
 
-        `idle_s` bounds every silence of the engine, head included; `Response.set_idle` changes it.
+        `idle_s` bounds every silence of the engine, head included.
         """
         head = [f"{method} {self.prefix}{path} HTTP/1.1\r\nhost: {self.host_header}\r\n"]
         head.extend(f"{k}: {v}\r\n" for k, v in headers or ())

@@ -1,0 +1,229 @@
+"""A backend that costs nothing and a load generator that costs little: nginx and wrk.
+
+nginx (Debian nginx-light) answers every POST /v1/completions with one fixed vLLM-shaped
+completion, /health with 200 and /metrics with the two vLLM gauges routers read, so every router
+sees a healthy, idle engine; it runs as a child process (`daemon off; master_process off`) from
+its own prefix directory. wrk (Debian) POSTs a short non-streaming completion over keep-alive
+connections for a fixed number of seconds and prints its latency percentiles and counts as JSON
+(its Lua `done` hook). Cores are given with `taskset -c`, so the process and every thread it
+starts stay on them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+NGINX = os.environ.get("NGINX", shutil.which("nginx") or "/usr/sbin/nginx")
+WRK = os.environ.get("WRK", shutil.which("wrk") or "/usr/bin/wrk")
+MODEL = "tiny"
+
+# What vLLM 0.32 answers for a one-token completion (fields as in /work/shared/golden).
+COMPLETION = json.dumps(
+    {
+        "id": "cmpl-0123456789abcdef0123456789abcdef",
+        "object": "text_completion",
+        "created": 1764547200,
+        "model": MODEL,
+        "choices": [
+            {
+                "index": 0,
+                "text": " world",
+                "logprobs": None,
+                "finish_reason": "length",
+                "stop_reason": None,
+                "token_ids": None,
+                "prompt_logprobs": None,
+                "prompt_token_ids": None,
+            }
+        ],
+        "service_tier": None,
+        "system_fingerprint": None,
+        "usage": {"prompt_tokens": 6, "total_tokens": 7, "completion_tokens": 1},
+        "kv_transfer_params": None,
+    },
+    separators=(",", ":"),
+)
+METRICS = (
+    "# TYPE vllm:num_requests_running gauge\n"
+    f'vllm:num_requests_running{{model_name="{MODEL}"}} 0.0\n'
+    "# TYPE vllm:num_requests_waiting gauge\n"
+    f'vllm:num_requests_waiting{{model_name="{MODEL}"}} 0.0\n'
+)
+REQUEST = json.dumps(
+    {"model": MODEL, "prompt": "ping 12345 hello", "max_tokens": 1, "temperature": 0},
+    separators=(",", ":"),
+)
+
+
+def _nginx_string(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'").replace("\n", "\\n") + "'"
+
+
+def nginx_config(port: int, prefix: Path) -> str:
+    return f"""
+daemon off;
+master_process off;
+worker_processes 1;
+pid {prefix}/nginx.pid;
+error_log stderr warn;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    keepalive_requests 1000000;
+    keepalive_timeout 300s;
+    client_body_temp_path {prefix}/body;
+    proxy_temp_path {prefix}/proxy;
+    fastcgi_temp_path {prefix}/fastcgi;
+    uwsgi_temp_path {prefix}/uwsgi;
+    scgi_temp_path {prefix}/scgi;
+    server {{
+        listen 127.0.0.1:{port} reuseport backlog=4096;
+        location = /v1/completions {{
+            default_type application/json;
+            return 200 {_nginx_string(COMPLETION)};
+        }}
+        location = /v1/models {{
+            default_type application/json;
+            return 200 {_nginx_string(json.dumps({"object": "list", "data": [{"id": MODEL, "object": "model"}]}))};
+        }}
+        location = /health {{ return 200 ''; }}
+        location = /metrics {{
+            default_type text/plain;
+            return 200 {_nginx_string(METRICS)};
+        }}
+        location / {{ return 404; }}
+    }}
+}}
+"""
+
+
+def pinned(argv: list[str], cores: list[int] | None) -> list[str]:
+    """`argv` under `taskset -c` (the process and all its threads stay on `cores`)."""
+    if not cores:
+        return argv
+    return ["taskset", "-c", ",".join(map(str, cores)), *argv]
+
+
+class Nginx:
+    """One nginx worker answering as an idle vLLM engine on 127.0.0.1:`port`."""
+
+    def __init__(self, port: int, cores: list[int] | None):
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self.dir = Path(tempfile.mkdtemp(prefix="tandem-nginx-"))
+        config = self.dir / "nginx.conf"
+        config.write_text(nginx_config(port, self.dir))
+        self.log = (self.dir / "stderr.log").open("wb")
+        self.proc = subprocess.Popen(
+            pinned([NGINX, "-p", str(self.dir), "-c", str(config), "-e", "stderr"], cores),
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+# wrk's Lua hooks: POST the body; print the summary as one JSON line at the end.
+WRK_SCRIPT = """
+wrk.method = "POST"
+wrk.body = %s
+wrk.headers["Content-Type"] = "application/json"
+function done(summary, latency, requests)
+  io.write(string.format(
+    '{"requests":%%d,"duration_us":%%d,"p50_us":%%d,"p90_us":%%d,"p99_us":%%d,"max_us":%%d,' ..
+    '"connect":%%d,"read":%%d,"write":%%d,"status":%%d,"timeout":%%d}\\n',
+    summary.requests, summary.duration, latency:percentile(50), latency:percentile(90),
+    latency:percentile(99), latency.max, summary.errors.connect, summary.errors.read,
+    summary.errors.write, summary.errors.status, summary.errors.timeout))
+end
+"""
+
+
+@dataclass
+class WrkResult:
+    requests: int
+    seconds: float
+    p50_s: float
+    p90_s: float
+    p99_s: float
+    errors: int
+
+    @property
+    def rps(self) -> float:
+        return self.requests / self.seconds if self.seconds else 0.0
+
+
+def wrk(
+    url: str, connections: int, seconds: float, threads: int, cores: list[int] | None
+) -> WrkResult:
+    """A closed loop of `connections` keep-alive connections for `seconds` (bounded by wrk -d)."""
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
+        script.write(WRK_SCRIPT % json.dumps(REQUEST))
+    try:
+        argv = [WRK, "-t", str(min(threads, connections)), "-c", str(connections),
+                "-d", f"{seconds:g}s", "--timeout", "10s", "-s", script.name,
+                url + "/v1/completions"]  # fmt: skip
+        done = subprocess.run(
+            pinned(argv, cores), capture_output=True, text=True, timeout=seconds + 60, check=False
+        )
+    finally:
+        os.unlink(script.name)
+    line = next((ln for ln in done.stdout.splitlines() if ln.startswith('{"requests"')), None)
+    if line is None:
+        raise RuntimeError(f"wrk printed no summary: {done.stdout[-2000:]}{done.stderr[-2000:]}")
+    row = json.loads(line)
+    errors = sum(row[k] for k in ("connect", "read", "write", "status", "timeout"))
+    return WrkResult(
+        row["requests"],
+        row["duration_us"] / 1e6,
+        row["p50_us"] / 1e6,
+        row["p90_us"] / 1e6,
+        row["p99_us"] / 1e6,
+        errors,
+    )
+
+
+def wait_http(url: str, limit_s: float = 60.0) -> None:
+    """Until GET `url` answers 200 (or `limit_s` passes)."""
+    import urllib.request
+
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return
+        time.sleep(0.1)
+    raise TimeoutError(f"{url} did not answer 200 within {limit_s}s")
+
+
+def core_plan(router_cores: int) -> tuple[list[int], list[int], list[int]]:
+    """(router, nginx, wrk) cores out of this process's CPUs: the router's first, then nginx's
+    (a quarter of the rest, at least one), wrk on the others; on a machine too small to keep them
+    apart, nginx and wrk share whatever the router does not use."""
+    cpus = sorted(os.sched_getaffinity(0))
+    router = cpus[:router_cores]
+    rest = cpus[router_cores:] or cpus[-1:]
+    backend = rest[: max(1, len(rest) // 4)]
+    load = rest[len(backend) :] or backend
+    return router, backend, load
