@@ -59,6 +59,7 @@ class Proc:
         argv: list[str],
         port: int,
         env: dict[str, str] | None = None,
+        tree: Path = ROOT,
     ):
         self.name = name
         self.port = port
@@ -68,7 +69,7 @@ class Proc:
         self.log = self.log_path.open("wb")
         self.proc = subprocess.Popen(
             argv,
-            cwd=ROOT,
+            cwd=tree,
             stdout=self.log,
             stderr=subprocess.STDOUT,
             env={**os.environ, **(env or {})},
@@ -553,21 +554,28 @@ async def check_vllm_policy() -> str:
 # -- the nginx-backend method ------------------------------------------------------------------
 
 
-def router_variants(kinds: list[str], cores: int) -> dict[str, list[str]]:
-    """Routers of one core budget: Tandem with one process per core, the peers as they are
-    (neither has a thread-count flag: their tokio runtimes size themselves from the CPU affinity)."""
-    variants: dict[str, list[str]] = {}
+def router_variants(
+    kinds: list[str], cores: int, before: Path | None
+) -> dict[str, tuple[str, list[str], Path]]:
+    """Routers of one core budget, name -> (kind, Tandem's flags, source tree): Tandem with one
+    process per core, on one core also from the `before` tree (a before/after pair in one run);
+    the peers as they are (neither has a thread-count flag: their tokio runtimes size themselves
+    from the CPU affinity)."""
+    variants: dict[str, tuple[str, list[str], Path]] = {}
     for kind in kinds:
-        if kind == "tandem":
-            processes = ["--processes", str(cores)] if cores > 1 else []
-            variants["tandem" if cores == 1 else f"tandem-p{cores}"] = ["--no-kv-events", *processes]
+        if kind != "tandem":
+            variants[kind] = (kind, [], ROOT)
+        elif cores == 1:
+            variants["tandem"] = (kind, ["--no-kv-events"], ROOT)
+            if before is not None:
+                variants["tandem-before"] = (kind, ["--no-kv-events"], before)
         else:
-            variants[kind] = []
+            variants[f"tandem-p{cores}"] = (kind, ["--no-kv-events", "--processes", str(cores)], ROOT)
     return variants
 
 
 async def measure_nginx_budget(
-    kinds: list[str], cores: int, backends: int, seconds: float, rounds: int
+    kinds: list[str], cores: int, backends: int, seconds: float, rounds: int, before: Path | None
 ) -> dict[str, dict[str, float]]:
     """Every router pinned to the same `cores` CPUs over `backends` nginx engines, nginx and wrk
     on other CPUs; wrk at concurrency 1 and 64 on each router and on nginx directly, interleaved
@@ -581,10 +589,11 @@ async def measure_nginx_budget(
         for engine in engines:
             await asyncio.to_thread(nginx_wrk.wait_http, engine.url + "/health")
         urls = [e.url for e in engines]
-        for name, extra in router_variants(kinds, cores).items():
+        for name, (kind, extra, tree) in router_variants(kinds, cores, before).items():
             port = free_port()
-            argv = router_argv(name.split("-")[0], port, urls, extra + TANDEM_EXTRA_ARGS)
-            routers[name] = Proc(name, nginx_wrk.pinned(argv, router_cpus), port)
+            argv = router_argv(kind, port, urls, extra + TANDEM_EXTRA_ARGS)
+            env = {"PYTHONPATH": str(tree)}
+            routers[name] = Proc(name, nginx_wrk.pinned(argv, router_cpus), port, env, tree)
         for name, router in routers.items():
             await router.wait_ready("/v1/models" if name.startswith("tandem") else "/health")
         targets = {"direct": engines[0].url} | {n: r.url for n, r in routers.items()}
@@ -659,8 +668,18 @@ def print_nginx_report(results: dict[str, dict[str, dict[str, float]]], load: st
         budget: row
         for budget, rows in results.items()
         for name, row in rows.items()
-        if name.startswith("tandem")
+        if name == "tandem" or name.startswith("tandem-p")
     }
+    one = results.get("1", {})
+    if "tandem-before" in one and "tandem" in one:
+        after, before = one["tandem"], one["tandem-before"]
+        print(
+            "\nTandem after/before on one core: req per router CPU second "
+            f"{after['rps_per_cpu_s']:.0f}/{before['rps_per_cpu_s']:.0f} "
+            f"{ratio(after['rps_per_cpu_s'], before['rps_per_cpu_s'])}, c64 p99 "
+            f"{after['c64_p99'] * 1e6:.0f}/{before['c64_p99'] * 1e6:.0f} us "
+            f"{ratio(after['c64_p99'], before['c64_p99'])}"
+        )
     if len(tandem) > 1 and "1" in tandem:
         print("\nTandem req/s per pod by core budget (--processes = cores), concurrency 64")
         for budget, row in tandem.items():
@@ -672,10 +691,11 @@ async def main_nginx(args: argparse.Namespace, kinds: list[str]) -> int:
     # nginx serves no /render and has no KV cache: round-robin is the fair comparison.
     SGLANG_POLICY = VLLM_POLICY = "round_robin"
     budgets = [int(c) for c in args.cores.split(",")]
+    before = Path(args.before_tree).resolve() if args.before_tree else None
     load_before = os.getloadavg()
     results = {
         str(cores): await measure_nginx_budget(
-            kinds, cores, args.backends, args.seconds, args.rounds
+            kinds, cores, args.backends, args.seconds, args.rounds, before
         )
         for cores in budgets
     }
@@ -858,6 +878,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backends", type=int, default=4, help="nginx method: nginx engines")
     parser.add_argument("--seconds", type=float, default=5.0, help="nginx method: seconds per wrk run")
     parser.add_argument("--rounds", type=int, default=3, help="nginx method: interleaved rounds")
+    parser.add_argument(
+        "--before-tree",
+        help="nginx method: also run Tandem from this source tree (on one core), as tandem-before",
+    )
     args = parser.parse_args(argv)
     try:
         import uvloop
