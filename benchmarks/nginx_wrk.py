@@ -217,13 +217,35 @@ def wait_http(url: str, limit_s: float = 60.0) -> None:
     raise TimeoutError(f"{url} did not answer 200 within {limit_s}s")
 
 
+def _siblings(cpu: int) -> set[int]:
+    """The logical CPUs sharing `cpu`'s physical core (hyperthreads), `cpu` included."""
+    path = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list")
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return {cpu}
+    cpus: set[int] = set()
+    for part in text.split(","):
+        low, _, high = part.partition("-")
+        cpus.update(range(int(low), int(high or low) + 1))
+    return cpus | {cpu}
+
+
 def core_plan(router_cores: int) -> tuple[list[int], list[int], list[int]]:
-    """(router, nginx, wrk) cores out of this process's CPUs: the router's first, then nginx's
-    (a quarter of the rest, at least one), wrk on the others; on a machine too small to keep them
-    apart, nginx and wrk share whatever the router does not use."""
+    """(router, nginx, wrk) CPUs out of this process's: the router gets one hyperthread of each
+    of `router_cores` physical cores, whose other hyperthreads stay idle (a core budget is whole
+    cores, not shared with the load); nginx gets a quarter of the rest (at least one), wrk the
+    others. On a machine too small to keep them apart, nginx and wrk share what is left."""
     cpus = sorted(os.sched_getaffinity(0))
-    router = cpus[:router_cores]
-    rest = cpus[router_cores:] or cpus[-1:]
+    router: list[int] = []
+    reserved: set[int] = set()
+    for cpu in cpus:
+        if len(router) == router_cores:
+            break
+        if cpu not in reserved:
+            router.append(cpu)
+            reserved |= _siblings(cpu)
+    rest = [c for c in cpus if c not in reserved] or cpus[-1:]
     backend = rest[: max(1, len(rest) // 4)]
     load = rest[len(backend) :] or backend
     return router, backend, load

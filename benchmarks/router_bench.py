@@ -570,7 +570,9 @@ def router_variants(
             if before is not None:
                 variants["tandem-before"] = (kind, ["--no-kv-events"], before)
         else:
-            variants[f"tandem-p{cores}"] = (kind, ["--no-kv-events", "--processes", str(cores)], ROOT)
+            # several processes serve the merged /metrics on an admin port of their own
+            flags = ["--no-kv-events", "--processes", str(cores), "--admin-port", str(free_port())]
+            variants[f"tandem-p{cores}"] = (kind, flags, ROOT)
     return variants
 
 
@@ -592,7 +594,7 @@ async def measure_nginx_budget(
         for name, (kind, extra, tree) in router_variants(kinds, cores, before).items():
             port = free_port()
             argv = router_argv(kind, port, urls, extra + TANDEM_EXTRA_ARGS)
-            env = {"PYTHONPATH": str(tree)}
+            env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")]))}
             routers[name] = Proc(name, nginx_wrk.pinned(argv, router_cpus), port, env, tree)
         for name, router in routers.items():
             await router.wait_ready("/v1/models" if name.startswith("tandem") else "/health")
@@ -712,6 +714,7 @@ async def main_nginx(args: argparse.Namespace, kinds: list[str]) -> int:
             "seconds": args.seconds,
             "rounds": args.rounds,
             "backends": args.backends,
+            "core_plans": {str(c): nginx_wrk.core_plan(c) for c in budgets},
             "tandem_args": TANDEM_EXTRA_ARGS,
             "versions": versions(),
         }

@@ -218,8 +218,26 @@ class Response:
                 self._waiter = None
 
     async def read(self) -> bytes:
+        """The whole body, then `release()`. No async generator on this path: a whole answer
+        usually arrives with its head, and then nothing here waits at all."""
+        parts: list[bytes] = []
         try:
-            parts = [chunk async for chunk in self.chunks()]
+            while True:
+                if self._chunks:
+                    parts.extend(self._chunks)
+                    self._chunks.clear()
+                    if self._paused and self.conn.transport is not None:
+                        self._paused = False
+                        self.conn.transport.resume_reading()
+                if self.complete:
+                    break
+                if self._error is not None:
+                    raise self._error
+                self._waiter = self.loop.create_future()
+                try:
+                    await self._waiter
+                finally:
+                    self._waiter = None
         finally:
             self.release()
         return parts[0] if len(parts) == 1 else b"".join(parts)
