@@ -19,6 +19,7 @@ import signal
 import subprocess
 import tempfile
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -205,14 +206,11 @@ def wrk(
 
 def wait_http(url: str, limit_s: float = 60.0) -> None:
     """Until GET `url` answers 200 (or `limit_s` passes)."""
-    import urllib.request
-
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
-        with contextlib.suppress(OSError):
-            with urllib.request.urlopen(url, timeout=2) as response:
-                if response.status == 200:
-                    return
+        with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2) as response:
+            if response.status == 200:
+                return
         time.sleep(0.1)
     raise TimeoutError(f"{url} did not answer 200 within {limit_s}s")
 

@@ -11,7 +11,16 @@ Prints, for each router:
 Every load loop is bounded in request count and in time. The peers are installed into
 ~/.cache/tandem/peers (outside the repository) when missing.
 
+`--method nginx` measures the routers' own cost instead, on a backend that costs nothing: nginx
+engines answering a fixed completion, wrk as the client (`nginx_wrk.py`), each router pinned with
+taskset to the same `--cores` budget (whole physical cores; nginx and wrk on the other CPUs),
+Tandem with `--processes` equal to the budget, the peers round-robin. Per budget and router:
+added p50/p99 over nginx direct at concurrency 1 and 64, req/s at 64, the router's CPU seconds
+(its whole process tree) and requests per CPU second, medians of interleaved rounds, ratios to
+vllm-router; `--before-tree DIR` adds Tandem from another source tree on one core (before/after).
+
     .venv/bin/python benchmarks/router_bench.py [--quick] [--routers tandem,sglang,vllm]
+    .venv/bin/python benchmarks/router_bench.py --method nginx --cores 1,2,4 [--before-tree DIR]
 """
 
 from __future__ import annotations
@@ -594,7 +603,11 @@ async def measure_nginx_budget(
         for name, (kind, extra, tree) in router_variants(kinds, cores, before).items():
             port = free_port()
             argv = router_argv(kind, port, urls, extra + TANDEM_EXTRA_ARGS)
-            env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")]))}
+            env = {
+                "PYTHONPATH": os.pathsep.join(
+                    filter(None, [str(tree), os.environ.get("PYTHONPATH")])
+                )
+            }
             routers[name] = Proc(name, nginx_wrk.pinned(argv, router_cpus), port, env, tree)
         for name, router in routers.items():
             await router.wait_ready("/v1/models" if name.startswith("tandem") else "/health")
@@ -685,7 +698,9 @@ def print_nginx_report(results: dict[str, dict[str, dict[str, float]]], load: st
     if len(tandem) > 1 and "1" in tandem:
         print("\nTandem req/s per pod by core budget (--processes = cores), concurrency 64")
         for budget, row in tandem.items():
-            print(f"    {budget} core(s) {row['rps']:8.0f} req/s {ratio(row['rps'], tandem['1']['rps'])}")
+            print(
+                f"    {budget} core(s) {row['rps']:8.0f} req/s {ratio(row['rps'], tandem['1']['rps'])}"
+            )
 
 
 async def main_nginx(args: argparse.Namespace, kinds: list[str]) -> int:
@@ -693,7 +708,7 @@ async def main_nginx(args: argparse.Namespace, kinds: list[str]) -> int:
     # nginx serves no /render and has no KV cache: round-robin is the fair comparison.
     SGLANG_POLICY = VLLM_POLICY = "round_robin"
     budgets = [int(c) for c in args.cores.split(",")]
-    before = Path(args.before_tree).resolve() if args.before_tree else None
+    before = Path(args.before_tree) if args.before_tree else None  # absolute (main)
     load_before = os.getloadavg()
     results = {
         str(cores): await measure_nginx_budget(
@@ -701,8 +716,10 @@ async def main_nginx(args: argparse.Namespace, kinds: list[str]) -> int:
         )
         for cores in budgets
     }
-    load = " ".join(f"{a:.2f}" for a in load_before) + " -> " + " ".join(
-        f"{a:.2f}" for a in os.getloadavg()
+    load = (
+        " ".join(f"{a:.2f}" for a in load_before)
+        + " -> "
+        + " ".join(f"{a:.2f}" for a in os.getloadavg())
     )
     print_nginx_report(results, load)
     if args.json:
@@ -879,13 +896,17 @@ def main(argv: list[str] | None = None) -> int:
         "--cores", default="1", help="nginx method: router core budgets, e.g. 1,2,4"
     )
     parser.add_argument("--backends", type=int, default=4, help="nginx method: nginx engines")
-    parser.add_argument("--seconds", type=float, default=5.0, help="nginx method: seconds per wrk run")
+    parser.add_argument(
+        "--seconds", type=float, default=5.0, help="nginx method: seconds per wrk run"
+    )
     parser.add_argument("--rounds", type=int, default=3, help="nginx method: interleaved rounds")
     parser.add_argument(
         "--before-tree",
         help="nginx method: also run Tandem from this source tree (on one core), as tandem-before",
     )
     args = parser.parse_args(argv)
+    if args.before_tree:
+        args.before_tree = str(Path(args.before_tree).resolve())
     try:
         import uvloop
 
