@@ -132,16 +132,21 @@ class Nginx:
         )
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
+        stop_group(self.proc)
         self.log.close()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def stop_group(proc: subprocess.Popen[bytes]) -> None:
+    """Ends a child started with `start_new_session` and all it started: TERM, then KILL."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
 
 
 # wrk's Lua hooks: POST the body; print the summary as one JSON line at the end.

@@ -31,7 +31,6 @@ import contextlib
 import json
 import os
 import random
-import signal
 import statistics
 import subprocess
 import sys
@@ -120,14 +119,7 @@ class Proc:
         return total
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
+        nginx_wrk.stop_group(self.proc)
         self.log.close()
         with contextlib.suppress(OSError):
             self.log_path.unlink()
@@ -874,6 +866,20 @@ async def main_async(args: argparse.Namespace) -> int:
     return 0
 
 
+NGINX_OPTIONS: tuple[tuple[str, type, object, str], ...] = (
+    ("--cores", str, "1", "router core budgets, e.g. 1,2,4"),
+    ("--backends", int, 4, "nginx engines"),
+    ("--seconds", float, 5.0, "seconds per wrk run"),
+    ("--rounds", int, 3, "interleaved rounds"),
+    (
+        "--before-tree",
+        str,
+        None,
+        "also run Tandem from this source tree on one core (tandem-before)",
+    ),
+)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -892,18 +898,9 @@ def main(argv: list[str] | None = None) -> int:
         default="emulator",
         help="emulator pools (a, b, c) or nginx backends driven by wrk",
     )
-    parser.add_argument(
-        "--cores", default="1", help="nginx method: router core budgets, e.g. 1,2,4"
-    )
-    parser.add_argument("--backends", type=int, default=4, help="nginx method: nginx engines")
-    parser.add_argument(
-        "--seconds", type=float, default=5.0, help="nginx method: seconds per wrk run"
-    )
-    parser.add_argument("--rounds", type=int, default=3, help="nginx method: interleaved rounds")
-    parser.add_argument(
-        "--before-tree",
-        help="nginx method: also run Tandem from this source tree (on one core), as tandem-before",
-    )
+    nginx = parser.add_argument_group("nginx method")
+    for flag, kind, default, text in NGINX_OPTIONS:
+        nginx.add_argument(flag, type=kind, default=default, help=text)
     args = parser.parse_args(argv)
     if args.before_tree:
         args.before_tree = str(Path(args.before_tree).resolve())

@@ -207,15 +207,21 @@ class Response:
                     self._paused = False
                     self.conn.transport.resume_reading()
                 yield chunk
-            if self.complete:
+            if not await self._arrival():
                 return
-            if self._error is not None:
-                raise self._error
-            self._waiter = self.loop.create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
+
+    async def _arrival(self) -> bool:
+        """Waits for more of the body; False once it is complete, UpstreamError if it broke."""
+        if self.complete:
+            return False
+        if self._error is not None:
+            raise self._error
+        self._waiter = self.loop.create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+        return True
 
     async def read(self) -> bytes:
         """The whole body, then `release()`. No async generator on this path: a whole answer
@@ -229,15 +235,8 @@ class Response:
                     if self._paused and self.conn.transport is not None:
                         self._paused = False
                         self.conn.transport.resume_reading()
-                if self.complete:
+                if not await self._arrival():
                     break
-                if self._error is not None:
-                    raise self._error
-                self._waiter = self.loop.create_future()
-                try:
-                    await self._waiter
-                finally:
-                    self._waiter = None
         finally:
             self.release()
         return parts[0] if len(parts) == 1 else b"".join(parts)
