@@ -2,7 +2,8 @@
 
 Every replica is an independent `tandem router` process over the same engines (KV events on, or
 `--no-kv-events`: each replica's approximate index from its own routing history). Prints, for 1,
-2 and 4 replicas:
+2 and 4 replicas, the means of `--rounds` runs (other prompts and sessions each round, replica
+counts in rotated order, so slow phases of a shared machine fall on every count):
   (i)  a shared-prefix workload (groups of long shared prefixes, streaming, concurrency 16) and
   (ii) a session workload (multi-turn conversations with x-session-id, each turn's prompt extends
        the previous one, several sessions at once):
@@ -201,18 +202,26 @@ async def with_replicas(
 
 
 async def measure(
-    engines: list[Proc], n: int, kv_events: bool, extra: list[str], workload: str, scale: float
+    engines: list[Proc],
+    n: int,
+    kv_events: bool,
+    extra: list[str],
+    workload: str,
+    scale: float,
+    seed: int,
 ) -> Row:
     await reset_caches(engines)
     replicas, balancer = await with_replicas(engines, n, kv_events, extra)
     try:
         before = await engine_counters(engines)
         if workload == "shared-prefix":
-            bodies = shared_prefix_bodies(GROUPS, max(int(PER_GROUP * scale), 2), 1200, 16, seed=11)
+            bodies = shared_prefix_bodies(
+                GROUPS, max(int(PER_GROUP * scale), 2), 1200, 16, seed=11 + seed
+            )
             tally = await shared_prefix_load(balancer.url, bodies, 120)
         else:
             count = max(int(SESSIONS * scale), AT_ONCE)
-            tally = await session_load(balancer.url, count, TURNS, AT_ONCE, 120, seed=12)
+            tally = await session_load(balancer.url, count, TURNS, AT_ONCE, 120, seed=12 + seed)
         after = await engine_counters(engines)
     finally:
         balancer.stop()
@@ -246,6 +255,25 @@ async def measure(
         pct(ttfts, 0.99),
         len(tally.good),
         len(tally.outcomes) - len(tally.good),
+    )
+
+
+def pooled(rows: list[Row]) -> Row:
+    """Rounds of one replica count: the mean of each figure, requests and errors summed."""
+
+    def mean(values: list[float]) -> float:
+        return sum(values) / len(values)
+
+    return Row(
+        rows[0].replicas,
+        mean([r.hit_rate for r in rows]),
+        mean([r.sticky for r in rows]),
+        mean([r.on_top for r in rows]),
+        mean([r.max_mean for r in rows]),
+        mean([r.ttft_p50 for r in rows]),
+        mean([r.ttft_p99 for r in rows]),
+        sum(r.requests for r in rows),
+        sum(r.errors for r in rows),
     )
 
 
@@ -338,15 +366,21 @@ async def main_async(args: argparse.Namespace) -> int:
         await asyncio.gather(*(e.wait_ready("/health") for e in engines))
         tables = {}
         for workload in args.workloads.split(","):
-            tables[workload] = [
-                await measure(engines, n, kv_events, extra, workload, scale) for n in counts
-            ]
+            rounds: dict[int, list[Row]] = defaultdict(list)
+            for r in range(args.rounds):
+                for n in counts[r % len(counts) :] + counts[: r % len(counts)]:
+                    row = await measure(engines, n, kv_events, extra, workload, scale, seed=r)
+                    rounds[n].append(row)
+            tables[workload] = [pooled(rounds[n]) for n in counts]
         kill = await failover(engines, kv_events, extra) if args.failover else None
     finally:
         for engine in engines:
             engine.stop()
     index = "exact index (KV events)" if kv_events else "approximate index (--no-kv-events)"
-    print(f"\n4 emulated engines, {index}, router flags: {args.router_args or '(defaults)'}")
+    print(
+        f"\n4 emulated engines, {index}, router flags: {args.router_args or '(defaults)'}, "
+        f"means of {args.rounds} rounds"
+    )
     if "shared-prefix" in tables:
         print_table(
             f"(i) shared prefix: {GROUPS} prefixes of ~1500 tokens, streaming, concurrency 16",
@@ -374,6 +408,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-kv-events", action="store_true", help="approximate index only")
     parser.add_argument("--no-failover", dest="failover", action="store_false")
     parser.add_argument("--quick", action="store_true", help="fewer requests (smoke run)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="runs per workload and replica count, each with other prompts and sessions, in"
+        " rotated order; the table shows their means",
+    )
     parser.add_argument("--router-args", default="", help="extra flags for every replica")
     return asyncio.run(main_async(parser.parse_args(argv)))
 
