@@ -8,8 +8,10 @@ counts in rotated order, so slow phases of a shared machine fall on every count)
   (ii) a session workload (multi-turn conversations with x-session-id, each turn's prompt extends
        the previous one, several sessions at once):
        the engines' own prefix-cache hit rate (vllm:prefix_cache_hits / queries, caches reset
-       before every run), session stickiness (sessions whose turns all landed on one engine, from
-       x-tandem-decode-engine), max/mean requests per engine, TTFT p50/p99, errors, and the ratios
+       before every run), stickiness (sessions, or prefixes, whose requests all landed on one
+       engine, from x-tandem-decode-engine) and distinct engines per session or prefix (how far
+       replicas agree on placement, whatever the machine's timing does to the hit rate),
+       max/mean requests per engine, TTFT p50/p99, errors, and the ratios
        against one replica;
   (iii) failover: 4 replicas under load, one SIGKILLed mid-run: requests that failed against the
        requests the killed replica had in flight (its own gauge, read just before the kill),
@@ -26,6 +28,7 @@ import asyncio
 import json
 import os
 import random
+import re
 import signal
 import sys
 import time
@@ -127,7 +130,12 @@ async def shared_prefix_load(url: str, bodies: list[bytes], time_limit: float) -
 
         async def worker() -> None:
             while queue and time.monotonic() < deadline:
-                tally.outcomes.append(await stream(session, url, queue.pop(), DEBUG))
+                body = queue.pop()
+                outcome = await stream(session, url, body, DEBUG)
+                tally.outcomes.append(outcome)
+                group = re.search(rb"\[group (\d+)\]", body)
+                assert group is not None
+                tally.sessions[f"prefix-{int(group[1])}"].append(outcome)
 
         await asyncio.gather(*(worker() for _ in range(16)))
     return tally
@@ -179,7 +187,8 @@ async def session_load(
 class Row:
     replicas: int
     hit_rate: float
-    sticky: float
+    sticky: float  # sessions (prefixes) whose requests all landed on one engine
+    engines_per_key: float  # distinct engines per session (prefix), mean
     on_top: float  # turns on their session's first engine in HRW order
     max_mean: float
     ttft_p50: float
@@ -238,8 +247,18 @@ async def measure(
         if sessions
         else NAN
     )
+    spread = (
+        sum(len({o.engine for o in t}) for t in sessions.values()) / len(sessions)
+        if sessions
+        else NAN
+    )
     urls = [e.url for e in engines]
-    turns = [(sid, o.engine) for sid, outcomes in sessions.items() for o in outcomes]
+    turns = [
+        (sid, o.engine)
+        for sid, outcomes in sessions.items()
+        if workload == "sessions"
+        for o in outcomes
+    ]
     on_top = (
         sum(engine == hrw_order(sid, urls, str)[0] for sid, engine in turns) / len(turns)
         if turns
@@ -249,6 +268,7 @@ async def measure(
         n,
         hits / queries if queries else 0.0,
         sticky,
+        spread,
         on_top,
         max(loads) / (sum(loads) / len(loads)) if sum(loads) else float("nan"),
         pct(ttfts, 0.5),
@@ -268,6 +288,7 @@ def pooled(rows: list[Row]) -> Row:
         rows[0].replicas,
         mean([r.hit_rate for r in rows]),
         mean([r.sticky for r in rows]),
+        mean([r.engines_per_key for r in rows]),
         mean([r.on_top for r in rows]),
         mean([r.max_mean for r in rows]),
         mean([r.ttft_p50 for r in rows]),
@@ -343,13 +364,13 @@ def print_table(title: str, rows: list[Row]) -> None:
     base = rows[0]
     print(f"\n{title}")
     print(
-        f"    {'replicas':>8} {'hit rate':>9} {'vs 1':>6} {'sticky':>7} {'HRW top':>8} {'max/mean':>9} {'vs 1':>6} "
+        f"    {'replicas':>8} {'hit rate':>9} {'vs 1':>6} {'sticky':>7} {'eng/key':>8} {'HRW top':>8} {'max/mean':>9} {'vs 1':>6} "
         f"{'TTFT p50':>9} {'p99':>8} {'req':>5} {'err':>4}"
     )
     for row in rows:
         print(
             f"    {row.replicas:8d} {row.hit_rate:9.1%} {row.hit_rate / base.hit_rate:6.3f} "
-            f"{percent(row.sticky):>7} {percent(row.on_top):>8} {row.max_mean:9.2f} {row.max_mean / base.max_mean:6.3f} "
+            f"{percent(row.sticky):>7} {row.engines_per_key:8.2f} {percent(row.on_top):>8} {row.max_mean:9.2f} {row.max_mean / base.max_mean:6.3f} "
             f"{row.ttft_p50 * 1e3:7.0f}ms {row.ttft_p99 * 1e3:6.0f}ms {row.requests:5d} {row.errors:4d}"
         )
 

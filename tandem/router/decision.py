@@ -76,8 +76,6 @@ class RouteInputs:
     cached_blocks: Mapping[str, int]  # engine id -> blocks the index holds for it
     first_block_key: int | None = None  # the first block, keyed alike by every replica (affinity)
     session: str | None = None  # the client's session id (session header)
-    # the hits come from this replica's own routing history (no KV events), not from the engines
-    approximate: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,11 +106,14 @@ def decode_ranking(inputs: RouteInputs, config: RouterConfig) -> list[Choice]:
     a session                                -> rendezvous order of the session id, among
                                                 engines within the session load bound (all
                                                 healthy ones when it is unset);
-    approximate index, no candidate has a hit -> rendezvous order of the first block key.
-    The second is the approximate index's answer to replicas: each learns only from its own
-    routing history, so a prefix new to one replica may be held elsewhere already; the engine every
-    replica would pick for a new prefix is the best guess of where it is (docs/router.md,
-    "Several router replicas"). With KV events the index is shared, and affinity is only a scorer.
+    no candidate holds a block of the prompt -> rendezvous order of the first block key,
+                                                among engines within the load bound.
+    A prefix new to one replica may be new to all, or already sent elsewhere by another replica
+    whose KV events (exact index) have not arrived yet, or which this replica never learns of
+    (approximate index, built from its own routing history): the engine every replica picks for a
+    new prefix is where an earlier replica most likely put it (docs/router.md, "Several router
+    replicas"). Load, KV usage and spread differ between replicas (each counts its own
+    requests), so they must not decide where a new prefix goes; the load bound keeps them honest.
     """
     if inputs.session is not None:
         scoring = config.scoring
@@ -120,7 +121,7 @@ def decode_ranking(inputs: RouteInputs, config: RouterConfig) -> list[Choice]:
         factor = math.inf if bound is None else max(bound, scoring.load_bound_factor)
         return rendezvous_order(rank(inputs.decoders, inputs, config, factor), inputs.session)
     ranked = rank(inputs.decoders, inputs, config)
-    if inputs.approximate and not any(choice.hit_blocks for choice in ranked):
+    if not any(choice.hit_blocks for choice in ranked):
         return rendezvous_order(ranked, inputs.first_block_key)
     return ranked
 

@@ -185,7 +185,6 @@ class CompletionProxy:
             cached_blocks={e: index.size(e) for e in engines} if len(engines) > 1 else {},
             first_block_key=features.first_block_key,
             session=call.request.headers.get(self._session_header) or None,
-            approximate=not exact,
         )
         return plan_route(inputs, self.config), "exact" if exact else "approximate"
 
