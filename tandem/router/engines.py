@@ -26,6 +26,9 @@ class Engine:
     waiting: float = 0.0
     running: float = 0.0
     kv_usage: float = 0.0
+    # This router's own pending and decoding counts when `waiting`/`running` were scraped.
+    pending_at_scrape: int = 0
+    decoding_at_scrape: int = 0
     consecutive_failures: int = 0
     labels: dict[str, str] = field(default_factory=dict)
 
@@ -36,20 +39,28 @@ class Engine:
     def load(self, running_weight: float = 0.25) -> float:
         """Requests ahead of a new request's first token on this engine:
 
-            load = max(pending, waiting) + running_weight * max(in_flight - pending, running)
+            load = max(pending, waiting + pending - pending_at_scrape)
+                   + running_weight * max(decoding, running + decoding - decoding_at_scrape)
 
         `pending` are the router's requests that have not had their first byte back yet (queued or
-        prefilling), `waiting`/`running` the engine's scraped `vllm:num_requests_*`. The router's
-        counts are live but miss other router replicas; the engine's are complete but up to one
-        scrape interval old; adding them would count each request twice, so take the larger. A
-        request that is already decoding delays a new one's first token far less than a queued
-        prefill under continuous batching, hence `running_weight` (config `runningWeight`).
+        prefilling), `decoding = in_flight - pending`, `waiting`/`running` the engine's scraped
+        `vllm:num_requests_*` and `*_at_scrape` this router's own counts when they were scraped.
+        The router's counts are live but miss other router replicas; the engine's are complete but
+        up to one scrape interval old. So: the engine's figure brought forward by what this router
+        has added or finished since, never less than the router's own live count (for a single
+        router that is its exact count). A request that is already decoding delays a new one's
+        first token far less than a queued prefill under continuous batching, hence
+        `running_weight` (config `runningWeight`).
         """
-        queued = self.pending if self.pending > self.waiting else self.waiting
-        decoding: float = self.in_flight - self.pending
-        if self.running > decoding:
-            decoding = self.running
-        return queued + running_weight * decoding
+        pending = self.pending
+        decoding = self.in_flight - pending
+        queued = self.waiting + (pending - self.pending_at_scrape)
+        if pending > queued:
+            queued = pending
+        busy = self.running + (decoding - self.decoding_at_scrape)
+        if decoding > busy:
+            busy = decoding
+        return queued + running_weight * busy
 
     def serves(self, role: Role) -> bool:
         return role in self.roles

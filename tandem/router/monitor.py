@@ -95,6 +95,8 @@ class EngineMonitor:
             engine.waiting = load["waiting"]
             engine.running = load["running"]
             engine.kv_usage = load["kv_usage"]
+            engine.pending_at_scrape = engine.pending
+            engine.decoding_at_scrape = engine.in_flight - engine.pending
 
     async def _run(self) -> None:
         while True:

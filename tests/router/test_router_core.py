@@ -217,4 +217,18 @@ def test_engine_load_counts_queued_fully_and_decoding_lightly() -> None:
     engine = Engine("e", frozenset({"decode"}), in_flight=10, pending=2)
     assert engine.load(0.25) == 2 + 0.25 * 8
     engine.waiting, engine.running = 5, 20  # another router replica's requests show up here
+    engine.pending_at_scrape, engine.decoding_at_scrape = 2, 8  # as the monitor records them
     assert engine.load(0.25) == 5 + 0.25 * 20
+
+
+def test_engine_load_brings_the_scraped_figures_forward_by_this_routers_own_changes() -> None:
+    """Another replica's requests are known only from the engine's metrics; what this router
+    added since that scrape is added to them, what it finished is taken off."""
+    engine = Engine("e", frozenset({"decode"}), in_flight=4, pending=2)
+    engine.waiting, engine.running = 6, 10  # scraped: other replicas' requests included
+    engine.pending_at_scrape, engine.decoding_at_scrape = 2, 2  # this router's share then
+    assert engine.load(0.25) == 6 + 0.25 * 10
+    engine.pending, engine.in_flight = 5, 7  # three more sent since the scrape
+    assert engine.load(0.25) == 9 + 0.25 * 10
+    engine.pending, engine.in_flight = 0, 0  # all of its own answered
+    assert engine.load(0.25) == 4 + 0.25 * 8
