@@ -35,12 +35,17 @@ def haproxy_config(
     """One frontend on 127.0.0.1:`port`, round-robin over 127.0.0.1:`backends`.
 
     http mode balances every request (a keep-alive client still reaches every replica); tcp mode
-    balances connections. A replica that refuses a connection, or closes a pooled connection before
-    answering, is retried on the next one (`redispatch 1`, `retry-on`), and marked down after one
+    balances connections. A replica that refuses a connection is retried on the next one
+    (`redispatch 1`, `retry-on`; http mode opens a server connection per request), and marked down after one
     failed check; requests it was answering fail (502, or a cut stream), which is what a client of
     a killed replica must see.
     """
-    retry_on = "    retry-on conn-failure empty-response\n" if mode == "http" else ""
+    # A fresh server connection per request: a request that reaches a killed replica meets a
+    # refused connection, which is always retried elsewhere, never a pooled connection that dies
+    # under it after the kill.
+    retry_on = (
+        "    retry-on conn-failure empty-response\n    http-reuse never\n" if mode == "http" else ""
+    )
     servers = "\n".join(
         f"    server r{i} 127.0.0.1:{p} check inter 200ms fall 1 rise 2"
         for i, p in enumerate(backends)

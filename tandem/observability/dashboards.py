@@ -387,10 +387,26 @@ def router() -> DashboardSpec:
                 targets=(_t(f"sum by (index) ({_cluster(n.ROUTER_INDEX_BLOCKS)})", "{{index}}"),),
             ),
             PanelSpec(
+                title="KV-event lag p50 / p99",
+                description="From an engine publishing a KV-event batch to the router applying "
+                "it (engine clock to router clock: skew between nodes included): how far the "
+                "exact index trails the engines' caches.",
+                unit="s",
+                width=8,
+                targets=tuple(
+                    _t(
+                        histogram_quantile(
+                            q, f"rate({_cluster(n.ROUTER_KV_EVENT_LAG + '_bucket')}[{RATE}])"
+                        ),
+                        f"p{round(q * 100)}",
+                    )
+                    for q in (0.5, 0.99)
+                ),
+            ),
+            PanelSpec(
                 title="KV events applied (exact index changes)",
                 description="How often the KV-event index changed per window: flat at 0 while "
-                "the engines prefill means the subscribers are stale (the router exports no "
-                "KV-event lag gauge; see docs/observability.md).",
+                "the engines prefill means the subscribers are stale.",
                 width=8,
                 targets=(
                     _t(
@@ -403,7 +419,7 @@ def router() -> DashboardSpec:
                 title="Admission queue and in-flight per engine",
                 description="Requests waiting in the router's admission queue, and router "
                 "requests open on each engine (summed over router replicas and processes).",
-                width=8,
+                width=12,
                 targets=(
                     _t(f"sum({_cluster(n.ROUTER_QUEUE_WAITING)})", "admission queue"),
                     _t(
@@ -416,7 +432,7 @@ def router() -> DashboardSpec:
                 title="Healthy engines by pool",
                 description="Engines passing the health checks of at least one router "
                 "process (each router replica and process checks on its own).",
-                width=24,
+                width=12,
                 targets=(
                     _t(
                         "sum by (pool) (max by (pool, endpoint) "

@@ -32,6 +32,7 @@ ROUTER_ENGINE_IN_FLIGHT = "tandem_router_engine_in_flight"
 ROUTER_ENGINE_HEALTHY = "tandem_router_engine_healthy"
 ROUTER_QUEUE_WAITING = "tandem_router_queue_waiting"
 ROUTER_INDEX_BLOCKS = "tandem_router_index_blocks"
+ROUTER_KV_EVENT_LAG = "tandem_router_kv_event_lag_seconds"
 
 # vLLM 0.32's engine metrics (the emulator serves the same names: tandem/emulator/metrics.py).
 ENGINE_RUNNING = "vllm:num_requests_running"

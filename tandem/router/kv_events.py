@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import OrderedDict
 from typing import Any
 
@@ -128,12 +129,14 @@ class EngineBlockMap:
 _payload_decoder = msgspec.msgpack.Decoder()
 
 
-def decode_payload(payload: bytes) -> list[Any]:
-    """The events of one msgpack batch `[ts, events, dp_rank]`."""
+def decode_payload(payload: bytes) -> tuple[float | None, list[Any]]:
+    """The publication time (engine clock, seconds) and events of one msgpack batch
+    `[ts, events, dp_rank]`."""
     batch = _payload_decoder.decode(payload)
     if isinstance(batch, list) and len(batch) >= 2 and isinstance(batch[1], list):
-        return batch[1]
-    return []
+        ts = batch[0]
+        return (float(ts) if isinstance(ts, int | float) else None), batch[1]
+    return None, []
 
 
 class KvEventSubscriber:
@@ -183,10 +186,16 @@ class KvEventSubscriber:
         if self.metrics is not None:
             self.metrics.child(self.metrics.kv_event_errors, self.map.engine, kind).inc()
 
-    def _accept(self, seq: int, payload: bytes) -> None:
-        """Applies one batch; a batch that cannot be applied is skipped (and counted)."""
+    def _accept(self, seq: int, payload: bytes, live: bool = False) -> None:
+        """Applies one batch; a batch that cannot be applied is skipped (and counted). A live
+        batch's lag, from its publication to now, feeds `tandem_router_kv_event_lag_seconds`:
+        how far the exact index trails the engine."""
         try:
-            self.map.apply(decode_payload(payload))
+            ts, events = decode_payload(payload)
+            self.map.apply(events)
+            if live and ts is not None and self.metrics is not None:
+                lag = max(time.time() - ts, 0.0)
+                self.metrics.child(self.metrics.kv_event_lag, self.map.engine).observe(lag)
         except Exception as exc:  # anything an engine sends must not end the subscription
             self.bad_batches += 1
             self._count("batch")
@@ -236,7 +245,7 @@ class KvEventSubscriber:
             await self._replay(last + 1)
             if self.last_seq is not None and seq <= self.last_seq:
                 return
-        self._accept(seq, payload)
+        self._accept(seq, payload, live=True)
 
     async def _replay(self, start: int) -> None:
         """Applies the engine's buffered batches from `start`, for at most `replay_max_s`."""

@@ -135,6 +135,12 @@ class RouterMetrics:
             "Prefill answers whose kv_transfer_params did not name the answering engine (502).",
             ["endpoint"],
         )
+        self.kv_event_lag = latency(
+            "tandem_router_kv_event_lag_seconds",
+            "Engine clock at a live KV-event batch's publication to this router applying it "
+            "(replays not counted; clock skew between nodes included).",
+            ["endpoint"],
+        )
         self.kv_event_errors = CounterFamily(
             "tandem_router_kv_event_errors_total",
             "KV-event batches or subscriptions that failed (the subscriber logs and resubscribes).",
