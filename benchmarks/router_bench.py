@@ -894,14 +894,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parts", default="abc", help="which measurements to run (a, b, c)")
     parser.add_argument(
         "--method",
-        choices=("emulator", "nginx"),
+        choices=("emulator", "nginx", "replicas"),
         default="emulator",
-        help="emulator pools (a, b, c) or nginx backends driven by wrk",
+        help="emulator pools (a, b, c), nginx backends driven by wrk, or Tandem's 1/2/4 replicas"
+        " behind HAProxy (router_replicas.py; the flags after it are that script's)",
     )
     nginx = parser.add_argument_group("nginx method")
     for flag, kind, default, text in NGINX_OPTIONS:
         nginx.add_argument(flag, type=kind, default=default, help=text)
-    args = parser.parse_args(argv)
+    args, rest = parser.parse_known_args(argv)
+    if args.method == "replicas":
+        from router_replicas import main as replicas  # it imports this module: load it only here
+
+        return replicas(rest)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.before_tree:
         args.before_tree = str(Path(args.before_tree).resolve())
     try:
