@@ -132,7 +132,8 @@ class PrefixIndex:
     def _drop_pending_owner(self, key: int, bit: int) -> None:
         _drop_bit(self._pending_owners, key, bit)
 
-    def _clear_pending(self, engine: str) -> None:
+    def clear_pending(self, engine: str) -> None:
+        """Forget every block pending on `engine` (it refused a connection: it holds none of them)."""
         pending = self._pending.pop(engine, None)
         if pending:
             bit = 1 << self._bit[engine]
@@ -163,7 +164,7 @@ class PrefixIndex:
         for key in blocks:
             self._drop_owner(key, bit)
         blocks.clear()
-        self._clear_pending(engine)
+        self.clear_pending(engine)
 
     def drop_engine(self, engine: str) -> None:
         """Forget an engine that left the pool, and free its bit."""

@@ -330,12 +330,14 @@ class CompletionProxy:
 
     def _upstream_failed(self, pool: str, engine: Engine, exc: UpstreamError) -> None:
         """Counts a failed upstream request; a refused connection marks the engine down at once
-        (the monitor brings it back when /health answers)."""
+        (the monitor brings it back when /health answers) and drops the blocks pending on it:
+        the requests they stand for never reached it, and a restarted engine starts empty."""
         timeout = isinstance(exc, UpstreamTimeout)
         kind = "timeout" if timeout else "connect" if exc.connect else "broken"
         self.metrics.child(self.metrics.upstream_errors, pool, engine.id, kind).inc()
         if exc.connect and not timeout:
             engine.healthy = False
+            self.state.exact_index.clear_pending(engine.id)
         log.warning("%s on %s failed: %s", pool, engine.id, exc)
 
     async def _decode(

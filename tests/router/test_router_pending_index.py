@@ -72,6 +72,18 @@ def test_clear_and_drop_engine_forget_pending_blocks() -> None:
     assert index.match([1], ["a", "b"]) == {"a": 0, "b": 0}
 
 
+def test_an_engine_that_refused_a_connection_holds_nothing_pending() -> None:
+    """What the proxy does when an engine refuses a connection: the requests behind its pending
+    blocks never reached it, so they must not draw the next requests to it once it is back."""
+    index = PrefixIndex(pending_ttl_s=10.0, clock=Clock())
+    index.add_pending("a", [1, 2])
+    index.store("a", [7])
+    index.add_pending("b", [1])
+    index.clear_pending("a")
+    assert index.match([1, 2], ["a", "b"]) == {"a": 0, "b": 1}
+    assert index.match([7], ["a"]) == {"a": 1}  # what its events confirmed stays
+
+
 def test_pending_entries_are_bounded_per_engine() -> None:
     index = PrefixIndex(max_blocks_per_engine=16, pending_ttl_s=10.0, clock=Clock())
     index.add_pending("a", range(40))
