@@ -83,6 +83,7 @@ class LocalPlan:
     router_config: RouterConfig
     notes: list[str] = field(default_factory=list)
     tokenizer_fetch: ProcessSpec | None = None  # runs to completion before the router starts
+    router_admin_port: int | None = None  # /metrics of several router processes, merged
 
     @property
     def endpoint(self) -> str:
@@ -90,7 +91,9 @@ class LocalPlan:
 
     def metrics_urls(self) -> dict[str, str]:
         """Every /metrics worth sampling in a benchmark: the router's and each engine's."""
-        return {"router": f"{self.router.url}/metrics"} | {
+        admin = self.router_admin_port
+        router = self.router.url if admin is None else f"http://{LOCALHOST}:{admin}"
+        return {"router": f"{router}/metrics"} | {
             e.name: f"{e.url}/metrics" for e in self.engines
         }
 
@@ -261,10 +264,13 @@ def build_plan(
     )
     if sc.spec.router.auth.client_keys_secret:
         notes.append("router.auth.clientKeysSecret is a cluster Secret: the local router is open")
+    # Several router processes serve /metrics merged on an admin port of their supervisor.
+    admin_port = free_port() if sc.spec.router.processes > 1 else None
     config = router_config(
         sc,
         host=LOCALHOST,
         port=options.router_port,
+        admin_port=admin_port,
         static=static,
         tokenizer=engines_tokenizer(sc, options, run_dir),
         # local engines and the router share the filesystem: a template file is readable as is
@@ -284,6 +290,7 @@ def build_plan(
         engines=engines,
         router=router,
         router_config=config,
+        router_admin_port=admin_port,
         notes=notes,
         tokenizer_fetch=tokenizer_fetch(sc, options, run_dir, environ),
     )

@@ -500,10 +500,11 @@ def router_config(
     tokenizer: str | None = None,
     chat_template: str | None = None,
     auth: AuthConfig | None = None,
+    admin_port: int | None = None,
 ) -> RouterConfig:
     """The router's configuration. In a pod it discovers this cluster's engines by watching Pods
     and reads its keys from mounted Secrets; `tandem up` passes its own address, a static engine
-    list and its run's keys instead. `tokenizer` is where the router finds the model's tokenizer
+    list, its run's keys and, for several router processes, an admin port instead. `tokenizer` is where the router finds the model's tokenizer
     files when the manifest's `router.tokenizer` names none; `chat_template` the engines'
     `--chat-template` as the router can read it (see tokenizer.py)."""
     spec = sc.spec
@@ -534,8 +535,9 @@ def router_config(
             side_channel_port=NIXL_SIDE_CHANNEL_PORT,
         ),
         static=static,
-        # `tandem up` serves /metrics on the router's own loopback port (its bench samples it there)
-        trust=TrustConfig() if static else TrustConfig(admin_port=ROUTER_ADMIN_PORT),
+        # `tandem up` serves /metrics on the router's own loopback port (its bench samples it
+        # there), or on `admin_port` when several processes share the router's port
+        trust=TrustConfig(admin_port=admin_port if static else ROUTER_ADMIN_PORT),
         metrics_scrape_interval_s=router.metrics_scrape_interval_seconds,
         log_level=router.log_level,
         auth=auth or router_auth_config(sc),

@@ -116,6 +116,27 @@ def test_set_overrides_are_validated_like_the_manifest() -> None:
         parse_set("spec.decode.replicas")
 
 
+def test_several_router_processes_get_an_admin_port_for_their_merged_metrics(
+    tmp_path: Path,
+) -> None:
+    sc = load_cluster(EXAMPLES / "llama-8b-pd.yaml", ["spec.router.processes=2"])
+    plan = build_plan(sc, LocalOptions(), counter().__next__, tmp_path, {})
+    assert plan.router_config.processes == 2
+    admin = plan.router_config.trust.admin_port
+    assert admin is not None
+    assert admin == plan.router_admin_port != plan.router.port
+    assert plan.metrics_urls()["router"] == f"http://127.0.0.1:{admin}/metrics"
+    single = build_plan(
+        load_cluster(EXAMPLES / "llama-8b-pd.yaml"),
+        LocalOptions(),
+        counter().__next__,
+        tmp_path,
+        {},
+    )
+    assert single.router_config.trust.admin_port is None
+    assert single.metrics_urls()["router"] == f"{single.router.url}/metrics"
+
+
 def test_localize_env_resolves_field_refs() -> None:
     env = [
         {"name": "A", "value": "1"},
