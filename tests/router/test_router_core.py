@@ -96,7 +96,7 @@ def test_golden_events_land_on_request_keys() -> None:
     index = PrefixIndex()
     block_map = EngineBlockMap("e", index, 32, BlockHasher("sha256_cbor", 32, None))
     for line in (GOLDEN / "kv_events/sha256_cbor/frames_live.jsonl").read_text().splitlines():
-        block_map.apply(decode_payload(base64.b64decode(json.loads(line)["frames_b64"][2])))
+        block_map.apply(decode_payload(base64.b64decode(json.loads(line)["frames_b64"][2]))[1])
     assert block_map.hash_config_matches is True
     record = json.loads(
         (GOLDEN / "kv_events/sha256_cbor/requests.jsonl").read_text().splitlines()[0]
@@ -116,7 +116,7 @@ def test_golden_eviction_and_clear_sha256() -> None:
     block_map = EngineBlockMap("e", index, 32, BlockHasher("sha256_cbor", 32, None))
     removed = cleared = 0
     for line in (GOLDEN / "kv_events/sha256/frames_live.jsonl").read_text().splitlines():
-        events = decode_payload(base64.b64decode(json.loads(line)["frames_b64"][2]))
+        _, events = decode_payload(base64.b64decode(json.loads(line)["frames_b64"][2]))
         removed += sum(e["type"] == "BlockRemoved" for e in events)
         cleared += sum(e["type"] == "AllBlocksCleared" for e in events)
         block_map.apply(events)
