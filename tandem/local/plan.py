@@ -93,9 +93,7 @@ class LocalPlan:
         """Every /metrics worth sampling in a benchmark: the router's and each engine's."""
         admin = self.router_admin_port
         router = self.router.url if admin is None else f"http://{LOCALHOST}:{admin}"
-        return {"router": f"{router}/metrics"} | {
-            e.name: f"{e.url}/metrics" for e in self.engines
-        }
+        return {"router": f"{router}/metrics"} | {e.name: f"{e.url}/metrics" for e in self.engines}
 
 
 # Variables that describe the pod's filesystem and network layout, not this machine's.
