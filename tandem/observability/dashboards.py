@@ -382,9 +382,10 @@ def router() -> DashboardSpec:
             PanelSpec(
                 title="Prefix index size",
                 description="Distinct blocks in the exact (KV-event) and approximate "
-                "(past routes) indexes.",
+                "(past routes) indexes; the largest over router replicas and processes, each of "
+                "which keeps its own (the exact ones hold the same blocks).",
                 width=8,
-                targets=(_t(f"sum by (index) ({_cluster(n.ROUTER_INDEX_BLOCKS)})", "{{index}}"),),
+                targets=(_t(f"max by (index) ({_cluster(n.ROUTER_INDEX_BLOCKS)})", "{{index}}"),),
             ),
             PanelSpec(
                 title="KV-event lag p50 / p99",
