@@ -69,21 +69,37 @@ def _peers(custom: k8s.CustomObjectsApi) -> dict[str, Any]:
     return peers
 
 
+def _pod_of(identity: str, operators: list[RunningPod]) -> RunningPod | None:
+    """The operator pod whose process holds the peer id `identity` (ids end in the process id)."""
+    pid = int(identity.rsplit("-", 1)[1])
+    for operator in operators:
+        try:
+            if os.getpgid(pid) == operator.child.pid:  # the pod's process group
+                return operator
+        except ProcessLookupError:
+            continue
+    return None
+
+
 def _active(custom: k8s.CustomObjectsApi, operators: list[RunningPod]) -> RunningPod | None:
-    """The operator pod whose process is the active peer (peer ids end in the process id)."""
+    """The active operator pod, once every pod is a live peer; None before. A pod that has not
+    written its first keep-alive yet is not a standby: killing the other one then would test a
+    start-up, not a take-over."""
     peers = _peers(custom)
     now = datetime.datetime.now(datetime.UTC)
+    live = {}
     for identity, info in peers.items():
-        if not is_active(peers, identity, int(info.get("priority", 0)), now):
-            continue
-        pid = int(identity.rsplit("-", 1)[1])
-        for operator in operators:
-            try:
-                if os.getpgid(pid) == operator.child.pid:  # the pod's process group
-                    return operator
-            except ProcessLookupError:
-                continue
-    return None
+        pod = _pod_of(identity, operators)
+        if pod is not None and is_active({identity: info}, identity, 0, now):  # its entry is live
+            live[identity] = pod
+    if len(live) < len(operators):
+        return None
+    active = [
+        pod
+        for identity, pod in live.items()
+        if is_active(peers, identity, int(peers[identity].get("priority", 0)), now)
+    ]
+    return active[0] if len(active) == 1 else None
 
 
 def test_the_standby_takes_over_within_30_s(
@@ -108,7 +124,7 @@ def test_the_standby_takes_over_within_30_s(
     # The status is written after every child of the generation is applied: then all exist.
     eventually(lambda: observed() == 1, timeout_s=30, what="status.observedGeneration 1")
     active = eventually(
-        lambda: _active(custom, two_operators), timeout_s=30, what="one active peer"
+        lambda: _active(custom, two_operators), timeout_s=30, what="two live peers, one active"
     )
     [standby] = [p for p in two_operators if p is not active]
     uids = {s.metadata.name: s.metadata.uid for s in core.list_namespaced_service(NAMESPACE).items}

@@ -69,6 +69,7 @@ log = logging.getLogger("tandem.operator")
 
 # API groups that may be absent from a cluster; their objects are skipped (and not pruned) then.
 OPTIONAL_GROUPS = ("monitoring.coreos.com/", "keda.sh/")
+FIRST_RETRY_DELAY_S = 1.0
 RETRY_DELAY_S = 30.0
 # ServingClusters a resync pass reconciles at once.
 DEFAULT_RESYNC_CONCURRENCY = 8
@@ -78,6 +79,17 @@ class EventSink(Protocol):
     def __call__(
         self, body: Mapping[str, Any], *, type: str, reason: str, message: str
     ) -> None: ...
+
+
+def retry_delay_s(retry: int) -> float:
+    """Seconds before retrying a reconcile that failed `retry` times before this failure:
+    min(RETRY_DELAY_S, FIRST_RETRY_DELAY_S x 2^retry), i.e. 1, 2, 4, ... 30 s.
+
+    A first failure is usually a race (an object the API server has not caught up with, another
+    replica's write) that is gone a second later; a long first delay would also hold back the
+    replica that takes over, since kopf keeps the delay in the object for whichever replica is
+    active."""
+    return min(RETRY_DELAY_S, FIRST_RETRY_DELAY_S * 2 ** min(retry, 16))
 
 
 def kopf_event(body: Mapping[str, Any], *, type: str, reason: str, message: str) -> None:
@@ -140,9 +152,12 @@ def apply_known(kube: Kube, obj: dict[str, Any], known_uid: str | None) -> dict[
         return None
 
 
-# Kinds that start or size pods: applied after everything else a reconcile renders, so that a
-# pod never starts without its account, configuration, budget or network policy.
+# Kinds applied after the first wave, in this order. A RoleBinding waits for its Role: the API
+# server checks that the operator holds every permission of the Role it binds, and refuses the
+# binding (404) while that Role does not exist yet. Workloads start or size pods, so they come
+# last: a pod never starts without its account, configuration, budget or network policy.
 WORKLOAD_KINDS = frozenset({"Deployment", "HorizontalPodAutoscaler", "ScaledObject"})
+LATER_WAVES = (frozenset({"RoleBinding"}), WORKLOAD_KINDS)
 # Children of one ServingCluster applied at once. A reconcile is a chain of API requests; under
 # load each takes 0.1-0.3 s, so a first reconcile of ~15 children (a read and an apply each)
 # took seconds one by one, and a burst of clusters queued behind kopf's handler threads.
@@ -150,11 +165,11 @@ APPLY_CONCURRENCY = 4
 
 
 def apply_waves(objects: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    """The rendered objects in apply order: everything but the workloads, then the workloads."""
-    return [
-        [obj for obj in objects if obj["kind"] not in WORKLOAD_KINDS],
-        [obj for obj in objects if obj["kind"] in WORKLOAD_KINDS],
-    ]
+    """The rendered objects in apply order: every kind no later wave names, then each of
+    LATER_WAVES in turn. Objects within a wave do not depend on each other."""
+    later = frozenset().union(*LATER_WAVES)
+    first = [obj for obj in objects if obj["kind"] not in later]
+    return [first] + [[obj for obj in objects if obj["kind"] in kinds] for kinds in LATER_WAVES]
 
 
 def apply_child(
@@ -432,19 +447,21 @@ def reconcile_body(
     events: EventSink = kopf_event,
     full: bool = False,
     caches: Caches | None = None,
+    retry: int = 0,
 ) -> str | None:
     """Render, apply, prune and report one ServingCluster; returns its phase (None if it is gone).
 
     Stale children are looked for when the spec changed (`needs_prune`) or when `full` (resync).
 
     Raises kopf.PermanentError for a spec that cannot be rendered (retrying will not help) and
-    kopf.TemporaryError when the API server refused or failed an apply (retried after a delay).
+    kopf.TemporaryError when the API server refused or failed an apply (retried after
+    `retry_delay_s(retry)`, `retry` being the failures before this one).
     """
     meta = body["metadata"]
     # Held for the whole reconcile: a child-change refresh meanwhile would report the children
     # half applied (and LIST the ones not applied yet); it waits for this one's report instead.
     with status_lock(meta["namespace"], meta["name"]):
-        return _reconcile(kube, body, events, full, caches)
+        return _reconcile(kube, body, events, full, caches, retry)
 
 
 def _reconcile(
@@ -453,6 +470,7 @@ def _reconcile(
     events: EventSink,
     full: bool,
     caches: Caches | None,
+    retry: int,
 ) -> str | None:
     generation = body.get("metadata", {}).get("generation")
     try:
@@ -483,7 +501,7 @@ def _reconcile(
             apply_error=message,
             observed_generation=sc.status.observed_generation,
         )
-        raise kopf.TemporaryError(message, delay=RETRY_DELAY_S) from None
+        raise kopf.TemporaryError(message, delay=retry_delay_s(retry)) from None
     blockers = reconcile_blockers(kube, sc, outcome, engine_key)
     live: Mapping[ObjectKey, dict[str, Any]] = outcome.live
     fresh = None
@@ -550,16 +568,17 @@ def reconcile_reporting(
     events: EventSink = kopf_event,
     full: bool = False,
     caches: Caches | None = None,
+    retry: int = 0,
 ) -> str | None:
     """`reconcile_body`, with any unexpected exception reported (report_failure) and turned
-    into a kopf.TemporaryError, so kopf retries it after RETRY_DELAY_S."""
+    into a kopf.TemporaryError, so kopf retries it after `retry_delay_s(retry)`."""
     try:
-        return reconcile_body(kube, body, events, full, caches)
+        return reconcile_body(kube, body, events, full, caches, retry)
     except (kopf.TemporaryError, kopf.PermanentError):
         raise
     except Exception as exc:
         message = report_failure(kube, body, exc, events)
-        raise kopf.TemporaryError(message, delay=RETRY_DELAY_S) from exc
+        raise kopf.TemporaryError(message, delay=retry_delay_s(retry)) from exc
 
 
 class ReconcileInProgress(Exception):
@@ -770,8 +789,8 @@ def register(
     @kopf.on.resume(GROUP, VERSION, PLURAL, id="reconcile", registry=registry)
     @kopf.on.create(GROUP, VERSION, PLURAL, id="reconcile", registry=registry)
     @kopf.on.update(GROUP, VERSION, PLURAL, field="spec", id="reconcile", registry=registry)
-    def reconcile(body: kopf.Body, **_: Any) -> None:
-        reconcile_reporting(client(), body, caches=caches)
+    def reconcile(body: kopf.Body, retry: int, **_: Any) -> None:
+        reconcile_reporting(client(), body, caches=caches, retry=retry)
 
     @kopf.on.event(GROUP, VERSION, PLURAL, id="cluster_seen", registry=registry)
     async def cluster_seen(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:

@@ -15,7 +15,14 @@ import pytest
 from sc_manifests import cluster, minimal
 
 from tandem.operator import main as operator_main
-from tandem.operator.handlers import reconcile_body, refresh_owner_status, resync_once
+from tandem.operator.handlers import (
+    WORKLOAD_KINDS,
+    apply_waves,
+    reconcile_body,
+    refresh_owner_status,
+    resync_once,
+    retry_delay_s,
+)
 from tandem.operator.kinds import CHILD_KINDS
 from tandem.operator.kube import FIELD_MANAGER, KubeError, NotFound
 from tandem.operator.reconcile_plan import ObjectKey, children_selector, stale_children
@@ -41,6 +48,12 @@ class FakeKube:
             if self.fail_apply and obj["kind"] == self.fail_apply:
                 raise KubeError(403, "Forbidden", f"{obj['kind']} is forbidden for {FIELD_MANAGER}")
             key = ObjectKey.of(obj)
+            if obj["kind"] == "RoleBinding":  # the escalation check reads the bound Role
+                role = obj["roleRef"]["name"]
+                if ObjectKey(key.api_version, "Role", key.namespace, role) not in self.objects:
+                    raise KubeError(
+                        404, "NotFound", f'roles.rbac.authorization.k8s.io "{role}" not found'
+                    )
             old = self.objects.get(key)
             pinned = obj["metadata"].get("uid")  # the API server's uid precondition
             if pinned is not None and old is None:
@@ -272,6 +285,37 @@ def test_apply_failure_is_retried_and_reported() -> None:
     degraded = {c["type"]: c for c in status["conditions"]}["Degraded"]
     assert (status["phase"], degraded["reason"]) == ("Degraded", "ApplyFailed")
     assert ("Warning", "ApplyFailed") in [(t, r) for t, r, _ in events.posted]
+
+
+def test_retries_back_off_from_one_second_to_thirty() -> None:
+    assert [retry_delay_s(n) for n in range(7)] == [1, 2, 4, 8, 16, 30, 30]
+    assert retry_delay_s(10_000) == 30
+
+
+def test_a_first_failure_is_retried_after_a_second() -> None:
+    kube, events = FakeKube(), Events()
+    kube.add_cluster(minimal())
+    kube.fail_apply = "Service"
+    with pytest.raises(kopf.TemporaryError) as first:
+        run(kube, events)
+    with pytest.raises(kopf.TemporaryError) as fourth:
+        reconcile_body(kube, kube.cluster(), events, retry=3)  # type: ignore[arg-type]
+    assert (first.value.delay, fourth.value.delay) == (1, 8)
+
+
+def test_waves_apply_each_role_before_its_binding_and_workloads_last() -> None:
+    objects = render(cluster())
+    waves = apply_waves(objects)
+    applied = [ObjectKey.of(o) for wave in waves for o in wave]
+    assert sorted(map(str, applied)) == sorted(str(ObjectKey.of(o)) for o in objects)
+    wave_of = {(o["kind"], o["metadata"]["name"]): n for n, wave in enumerate(waves) for o in wave}
+    bindings = [o for o in objects if o["kind"] == "RoleBinding"]
+    assert bindings
+    for binding in bindings:
+        role = ("Role", binding["roleRef"]["name"])
+        assert wave_of[role] < wave_of[("RoleBinding", binding["metadata"]["name"])]
+    assert {o["kind"] for o in waves[-1]} <= WORKLOAD_KINDS
+    assert all(o["kind"] not in WORKLOAD_KINDS for wave in waves[:-1] for o in wave)
 
 
 def test_child_change_refreshes_status_and_deletion_reapplies() -> None:
