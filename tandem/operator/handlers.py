@@ -89,7 +89,7 @@ def retry_delay_s(retry: int) -> float:
     replica's write) that is gone a second later; a long first delay would also hold back the
     replica that takes over, since kopf keeps the delay in the object for whichever replica is
     active."""
-    return min(RETRY_DELAY_S, FIRST_RETRY_DELAY_S * 2 ** min(retry, 16))
+    return min(RETRY_DELAY_S, FIRST_RETRY_DELAY_S * 2.0 ** min(retry, 16))
 
 
 def kopf_event(body: Mapping[str, Any], *, type: str, reason: str, message: str) -> None:
