@@ -14,11 +14,22 @@ A worker that exits is restarted after
     delay = min(RESTART_BASE_S * 2 ** (exits in the last RESTART_WINDOW_S - 1), RESTART_CAP_S)
 
 so a worker that keeps crashing is restarted at most once per `RESTART_CAP_S`.
+
+The engines as the router sees them (`GET /engines`) are one list over the workers
+(`merge_engine_views`): each process probes, counts and indexes on its own, so per engine
+
+    healthy   = healthy in every process        in_flight = sum over processes
+    *_blocks  = max over processes              kv_events_replays, _resubscribes = sums
+    kv_events_last_seq = max over processes     the scraped figures: the first process's
+
+(the block counts are copies of one index fed by the same KV events, so their maximum is its
+size), and `processes` keeps each process's own healthy, in_flight and block counts.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from tandem.router.config import RouterConfig
 
@@ -63,3 +74,34 @@ def restart_delay(exits: Sequence[float], now: float) -> float:
     if recent == 0:
         return 0.0
     return float(min(RESTART_BASE_S * 2 ** (recent - 1), RESTART_CAP_S))
+
+
+# Per-process figures of an engine that `merge_engine_views` combines, and how.
+_SUMMED = ("in_flight", "kv_events_replays", "kv_events_resubscribes")
+_LARGEST = ("indexed_blocks", "history_blocks", "kv_events_last_seq")
+_PER_PROCESS = ("healthy", "in_flight", "indexed_blocks", "history_blocks")
+
+
+def merge_engine_views(
+    views: Sequence[tuple[str, Sequence[Mapping[str, Any]]]],
+) -> list[dict[str, Any]]:
+    """One `GET /engines` list from each process's (index, list), by engine url in the order
+    first seen; the rules are in the module docstring."""
+    by_url: dict[str, list[tuple[str, Mapping[str, Any]]]] = {}
+    for process, engines in views:
+        for engine in engines:
+            by_url.setdefault(engine["url"], []).append((process, engine))
+    return [_merge_engine(seen) for seen in by_url.values()]
+
+
+def _merge_engine(seen: list[tuple[str, Mapping[str, Any]]]) -> dict[str, Any]:
+    merged = dict(seen[0][1])
+    merged["healthy"] = all(engine["healthy"] for _, engine in seen)
+    for keys, combine in ((_SUMMED, sum), (_LARGEST, max)):
+        for key in keys:
+            values = [engine[key] for _, engine in seen if engine.get(key) is not None]
+            merged[key] = combine(values) if values else None
+    merged["processes"] = {
+        process: {key: engine.get(key) for key in _PER_PROCESS} for process, engine in seen
+    }
+    return merged

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import json
 import logging
 import os
 import signal
@@ -30,7 +31,7 @@ from tandem.router.config import RouterConfig
 from tandem.router.errors import error_body
 from tandem.router.httpserver import HttpServer, Request, Responder
 from tandem.router.metrics_merge import merge_families, render_families
-from tandem.router.processes import restart_delay, worker_config
+from tandem.router.processes import merge_engine_views, restart_delay, worker_config
 
 log = logging.getLogger("tandem.router.supervisor")
 
@@ -264,8 +265,8 @@ class Supervisor:
     # -- admin port --------------------------------------------------------------------------
 
     async def handle_admin(self, request: Request, responder: Responder) -> None:
-        """/livez: a worker is alive; /health: a worker is healthy; /metrics: all merged;
-        /engines: the first serving worker's view."""
+        """/livez: a worker is alive; /health: a worker is healthy; /metrics and /engines: every
+        worker's, merged."""
         path = request.path
         serving = self._serving()
         if path == "/livez":
@@ -288,9 +289,12 @@ class Supervisor:
                 content_type="text/plain; version=0.0.4; charset=utf-8",
             )
         elif path == "/engines":
-            answers = await self._ask(serving[:1], "/engines")
-            if answers and answers[0][1] == 200:
-                responder.send(200, answers[0][2])
+            answers = await self._ask(serving, "/engines")
+            views = [
+                (str(w.index), json.loads(body)) for w, status, body in answers if status == 200
+            ]
+            if views:
+                responder.send(200, json.dumps(merge_engine_views(views)).encode())
             else:
                 responder.send(503, error_body(503, "no router process"))
         else:

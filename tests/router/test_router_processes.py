@@ -26,6 +26,7 @@ from tandem.router.metrics_merge import merge_families, render_families
 from tandem.router.processes import (
     RESTART_BASE_S,
     RESTART_CAP_S,
+    merge_engine_views,
     restart_delay,
     split_limit,
     worker_config,
@@ -68,6 +69,33 @@ def test_merge_labels_every_sample_and_states_each_family_once() -> None:
     samples = [line for line in text.splitlines() if line and not line.startswith("#")]
     assert all('process="' in line for line in samples)
     assert len(samples) == 8
+
+
+def test_engine_views_merge_per_engine_over_processes() -> None:
+    def view(url: str, healthy: bool, in_flight: int, blocks: int, seq: int | None) -> dict:
+        return {"url": url, "roles": ["worker"], "healthy": healthy, "in_flight": in_flight,
+                "waiting": 3, "indexed_blocks": blocks, "history_blocks": 0,
+                "kv_events_last_seq": seq, "kv_events_replays": 1, "kv_events_resubscribes": 0}  # fmt: skip
+
+    merged = merge_engine_views(
+        [
+            ("0", [view("http://a", True, 2, 10, 7), view("http://b", True, 1, 4, None)]),
+            ("1", [view("http://a", False, 3, 12, 9)]),
+        ]
+    )
+    a, b = merged
+    assert (a["url"], a["healthy"], a["in_flight"], a["indexed_blocks"]) == (
+        "http://a",
+        False,
+        5,
+        12,
+    )
+    assert (a["kv_events_last_seq"], a["kv_events_replays"], a["waiting"]) == (9, 2, 3)
+    assert a["processes"]["1"] == {
+        "healthy": False, "in_flight": 3, "indexed_blocks": 12, "history_blocks": 0
+    }  # fmt: skip
+    assert (b["healthy"], b["in_flight"], b["kv_events_last_seq"]) == (True, 1, None)
+    assert list(b["processes"]) == ["0"]
 
 
 def test_admission_limits_are_split_with_ceiling_division() -> None:
@@ -174,7 +202,12 @@ def test_two_processes_serve_restart_and_stop_together() -> None:
         assert sum(served) == 40
         assert min(served) > 0, served
         assert httpx.get(admin_url + "/health").status_code == 200
-        assert httpx.get(admin_url + "/engines").json()[0]["url"] == engine.url
+        [seen] = httpx.get(admin_url + "/engines").json()
+        assert (seen["url"], seen["healthy"], sorted(seen["processes"])) == (
+            engine.url,
+            True,
+            ["0", "1"],
+        )
 
         # Streams open on the killed process break; those on the other one complete.
         streams = 12
