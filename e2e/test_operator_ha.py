@@ -1,9 +1,12 @@
 """Operator HA on the real control plane: the chart with `operator.replicas=2` runs two peered
 operator pods; the active one is killed (SIGKILL, no goodbye in the peering object) and the standby
-reconciles a spec change within 30 s, creating no duplicate and re-creating nothing.
+reconciles a spec change within 30 s, creating no duplicate and re-creating nothing. At every
+moment exactly one operator process runs the autoscaler: before the kill the active one, after it
+the one that took over.
 
-The ServingCluster has every pool at 0 replicas, so no engine process starts: what is under test
-is the operators, not the pods. The release is set back to one replica afterwards.
+The autoscaler's Prometheus is unreachable, so each evaluation holds the pools at their one
+replica (and counts a MetricsUnavailable decision in that operator's /metrics); what is under test
+is the operators, not the engines. The release is set back to one replica afterwards.
 """
 
 from __future__ import annotations
@@ -15,8 +18,10 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 from kubernetes import client as k8s
+from prometheus_client.parser import text_string_to_metric_families
 
 from e2e.conftest import CHART, OPERATOR_NAMESPACE, RELEASE, wait_for_operator
 from e2e.harness.kube import eventually, gone, no_engine_cluster
@@ -30,11 +35,50 @@ NAMESPACE = "ha"
 NAME = "ha"
 GROUP, VERSION, PLURAL = "tandem.dev", "v1alpha1", "servingclusters"
 PEERING = RELEASE  # the chart's fullname (the release name, as it contains the chart's)
+OPERATOR_METRICS_PORT = 8081  # the chart's operator.metrics.port
+EVALUATIONS = "tandem_operator_autoscaler_evaluations_total"
 
 
 def _manifest(annotation: str) -> dict[str, Any]:
     router = {"replicas": 0, "service": {"annotations": {"ha/step": annotation}}}
-    return no_engine_cluster(NAME, NAMESPACE, router)
+    manifest = no_engine_cluster(NAME, NAMESPACE, router)
+    manifest["spec"]["model"] = {"name": "tiny"}
+    manifest["spec"]["autoscaling"] = {
+        "enabled": True,
+        "prometheusURL": "http://127.0.0.1:9",  # nothing listens: every decision holds the pools
+        "intervalSeconds": 1,
+        "prefill": {"min": 1, "max": 1},
+        "decode": {"min": 1, "max": 1},
+    }
+    return manifest
+
+
+def _evaluations(operator: RunningPod) -> float | None:
+    """Autoscaler evaluations of the test's cluster made by this operator process (its /metrics;
+    None when it does not answer)."""
+    try:
+        url = f"http://{operator.ip}:{OPERATOR_METRICS_PORT}/metrics"
+        text = httpx.get(url, timeout=5).text
+    except httpx.HTTPError:
+        return None
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == EVALUATIONS and sample.labels.get("namespace") == NAMESPACE
+    )
+
+
+def _evaluating(operators: list[RunningPod], over_s: float = 3.0) -> list[RunningPod]:
+    """The operator pods whose autoscaler evaluated the test's cluster during `over_s` seconds."""
+    before = [_evaluations(operator) for operator in operators]
+    time.sleep(over_s)
+    after = [_evaluations(operator) for operator in operators]
+    return [
+        operator
+        for operator, old, new in zip(operators, before, after, strict=True)
+        if old is not None and new is not None and new > old
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +147,7 @@ def _active(custom: k8s.CustomObjectsApi, operators: list[RunningPod]) -> Runnin
 
 
 def test_the_standby_takes_over_within_30_s(
-    two_operators: list[RunningPod], api: k8s.ApiClient
+    two_operators: list[RunningPod], api: k8s.ApiClient, pod_runner: PodRunner
 ) -> None:
     core, custom = k8s.CoreV1Api(api), k8s.CustomObjectsApi(api)
     core.create_namespace({"metadata": {"name": NAMESPACE}})
@@ -127,6 +171,9 @@ def test_the_standby_takes_over_within_30_s(
         lambda: _active(custom, two_operators), timeout_s=30, what="two live peers, one active"
     )
     [standby] = [p for p in two_operators if p is not active]
+    # One autoscaler, the active replica's (its leadership gate follows the peering within 2 s).
+    eventually(lambda: _evaluating(two_operators) == [active], timeout_s=20,
+               what="the active operator alone evaluating the autoscaler")  # fmt: skip
     uids = {s.metadata.name: s.metadata.uid for s in core.list_namespaced_service(NAMESPACE).items}
 
     os.killpg(active.child.pid, signal.SIGKILL)
@@ -148,6 +195,10 @@ def test_the_standby_takes_over_within_30_s(
         timeout_s=10,
         what="the standby's leadership gate to open",
     )
+    # Still one autoscaler among the live operator processes: the standby's.
+    survivors = [p for p in pod_runner.by_role("operator", OPERATOR_NAMESPACE) if p.child.alive()]
+    eventually(lambda: [p.name for p in _evaluating(survivors)] == [standby.name], timeout_s=20,
+               what="the standby alone evaluating the autoscaler")  # fmt: skip
 
     custom.delete_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, NAME)
     eventually(
