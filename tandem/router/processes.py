@@ -23,7 +23,8 @@ The engines as the router sees them (`GET /engines`) are one list over the worke
     kv_events_last_seq = max over processes     the scraped figures: the first process's
 
 (the block counts are copies of one index fed by the same KV events, so their maximum is its
-size), and `processes` keeps each process's own healthy, in_flight and block counts.
+size), and `processes` keeps each process's own healthy, in_flight, block counts and last
+sequence number (a process whose subscription lags shows there).
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ def restart_delay(exits: Sequence[float], now: float) -> float:
 # Per-process figures of an engine that `merge_engine_views` combines, and how.
 _SUMMED = ("in_flight", "kv_events_replays", "kv_events_resubscribes")
 _LARGEST = ("indexed_blocks", "history_blocks", "kv_events_last_seq")
-_PER_PROCESS = ("healthy", "in_flight", "indexed_blocks", "history_blocks")
+_PER_PROCESS = ("healthy", "in_flight", "indexed_blocks", "history_blocks", "kv_events_last_seq")
 
 
 def merge_engine_views(

@@ -16,7 +16,14 @@ from harness import VLLM_PYTHON, PDCluster, make_llama3_style_model, plan_tiny_c
 
 # Tests that kill engines run after those that share them; those that start engines of their own
 # (`tandem up`, the engine security context) stop the shared pair and run last.
-MODULE_ORDER = ["test_pd", "test_parity", "test_failures", "test_up", "test_engine_context"]
+MODULE_ORDER = [
+    "test_pd",
+    "test_parity",
+    "test_replicas",
+    "test_failures",
+    "test_up",
+    "test_engine_context",
+]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -120,6 +120,57 @@ def metrics_of(url: str) -> dict[str, float]:
     return out
 
 
+def measure(
+    pd: PDCluster, routers: list[Router], path: str, bodies: list[dict[str, Any]]
+) -> list[tuple[int, int, int]]:
+    """(predicted hit blocks, engine hit blocks, prompt blocks) per request: the blocks the router
+    predicts the request hits on the decode engine (`x-tandem-prefix-hit`) against the blocks
+    that engine's own prefix cache then hits (`vllm:prefix_cache_hits_total` tokens / BLOCK).
+    Request i goes through routers[i % len(routers)], one at a time, each after the KV events of
+    the one before have reached every router."""
+    rows = []
+    for index, body in enumerate(bodies):
+        router = routers[index % len(routers)]
+        seqs = [r.kv_seqs() for r in routers]
+        before = metrics_of(pd.decode.url)["vllm:prefix_cache_hits_total"]
+        answer = httpx.post(f"{router.url}{path}", json=body, headers=DEBUG, timeout=120)
+        assert answer.status_code == 200, answer.text
+        assert answer.headers["x-tandem-decode-engine"] == pd.decode.url
+        predicted, total = map(int, answer.headers["x-tandem-prefix-hit"].split("/"))
+        hit_tokens = metrics_of(pd.decode.url)["vllm:prefix_cache_hits_total"] - before
+        rows.append((predicted, int(hit_tokens) // BLOCK, total))
+        for waiting, seen in zip(routers, seqs, strict=True):
+            waiting.wait_kv_events_settled(seen)
+    print(f"{path} prefix-hit parity (predicted, engine, prompt blocks): {json.dumps(rows)}")
+    return rows
+
+
+def assert_parity(rows: list[tuple[int, int, int]]) -> None:
+    """vLLM always recomputes a prompt's last token, so a prompt of whole blocks hits one block
+    fewer than it has: predictions match within one block."""
+    assert all(abs(predicted - hit) <= 1 for predicted, hit, _ in rows), rows
+    assert sum(hit for _, hit, _ in rows) >= 2 * len(rows), f"too few hits to mean anything: {rows}"
+
+
+SYSTEM = "You answer questions about the prefix cache of a disaggregated serving stack. " * 8
+
+
+def completion(prompt: str) -> dict[str, Any]:
+    return {"model": "tiny", "prompt": prompt, "max_tokens": 2}
+
+
+def chat(messages: list[dict[str, str]]) -> dict[str, Any]:
+    return {"model": "tiny", "messages": messages, "max_tokens": 2}
+
+
+def conversation(question: str, *earlier: str) -> list[dict[str, str]]:
+    """SYSTEM, the `earlier` questions each answered "Noted.", then `question`."""
+    messages = [{"role": "system", "content": SYSTEM}]
+    for turn in earlier:
+        messages += [{"role": "user", "content": turn}, {"role": "assistant", "content": "Noted."}]
+    return [*messages, {"role": "user", "content": question}]
+
+
 class EngineProcess:
     """One vLLM engine from a plan's ProcessSpec, in a process group of its own (vLLM starts an
     engine-core and a worker process below its API server: signals go to the whole group)."""
@@ -211,9 +262,11 @@ class Router(TandemProcess):
         path.write_text(config.to_yaml())
         self.config = config
         super().__init__(name, ["router", "--config", str(path)], config.port)
+        admin_port = config.trust.admin_port
+        self.admin_url = f"http://127.0.0.1:{admin_port}" if admin_port else self.url
 
     def engines(self) -> list[dict[str, Any]]:
-        engines: list[dict[str, Any]] = httpx.get(f"{self.url}/engines", timeout=5).json()
+        engines: list[dict[str, Any]] = httpx.get(f"{self.admin_url}/engines", timeout=5).json()
         return engines
 
     def wait_engines_healthy(self, dead: set[str], timeout_s: float = 30.0) -> None:
@@ -226,8 +279,14 @@ class Router(TandemProcess):
         raise TimeoutError(f"router does not see every engine healthy: {self.engines()}")
 
     def kv_seqs(self) -> dict[str, int]:
+        """The last KV-event sequence number seen of each engine (of a router of several
+        processes: the lowest over them, so every process has it)."""
+
+        def seq(view: dict[str, Any]) -> int:
+            return -1 if view["kv_events_last_seq"] is None else int(view["kv_events_last_seq"])
+
         return {
-            e["url"]: -1 if e["kv_events_last_seq"] is None else e["kv_events_last_seq"]
+            e["url"]: min(map(seq, e["processes"].values())) if "processes" in e else seq(e)
             for e in self.engines()
         }
 
@@ -275,8 +334,11 @@ class PDCluster:
             engine.wait_healthy()
 
     def router(self, name: str = "router", **changes: object) -> Router:
-        """A router for the pair (the plan's config with `changes`), ready."""
-        trust = TrustConfig(trust_all_clients=True)  # the tests read the engines' addresses
+        """A router for the pair (the plan's config with `changes`), ready; one of several
+        `processes` serves its /engines and /metrics on an admin port of its own."""
+        several = int(changes.get("processes", 1)) > 1  # type: ignore[call-overload]
+        # The tests read the engines' addresses.
+        trust = TrustConfig(trust_all_clients=True, admin_port=free_port() if several else None)
         config = self.plan.router_config.model_copy(
             update={"port": free_port(), "trust": trust, **changes}
         )
