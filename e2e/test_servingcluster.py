@@ -26,6 +26,7 @@ from e2e.harness.podspec import expand
 from e2e.harness.tools import Clients
 from tandem.operator.kinds import CHILD_KINDS
 from tandem.operator.kube import Kube
+from tandem.operator.render import ROUTER_ADMIN_PORT
 
 pytestmark = pytest.mark.e2e
 
@@ -124,6 +125,25 @@ class Cluster:
             return True
 
         eventually(serving, timeout_s=90, what="every pod served", details=self.pod_runner.report)
+
+    def wait_routable(self) -> None:
+        """The router sees a healthy prefill and a healthy decode engine. Its discovery and
+        health checks follow the pods by up to one check interval; until then it serves a long
+        prompt locally on the decode pod, as it must with no prefill engine."""
+
+        def routable() -> bool:
+            [router] = self.processes("router")
+            try:
+                url = f"http://{router.ip}:{ROUTER_ADMIN_PORT}/engines"
+                with urllib.request.urlopen(url, timeout=2) as response:
+                    engines = json.load(response)
+            except OSError:
+                return False
+            healthy = {role for engine in engines if engine["healthy"] for role in engine["roles"]}
+            return {"prefill", "decode"} <= healthy
+
+        eventually(routable, timeout_s=60, what="the router to see healthy prefill and decode",
+                   details=self.pod_runner.report)  # fmt: skip
 
     def wait_settled(
         self, prefill: int, decode: int, router: int = 1, timeout_s: float = 120
@@ -285,6 +305,7 @@ def test_engines_run_the_rendered_vllm_command_line(cluster: Cluster) -> None:
 
 def test_chat_completion_goes_through_prefill_and_decode_pods(cluster: Cluster) -> None:
     cluster.wait_serving()
+    cluster.wait_routable()
     engines = {role: cluster.processes(role) for role in ("prefill", "decode")}
     before = {
         p.name: metric_total(p.ip, "vllm:request_success_total")
