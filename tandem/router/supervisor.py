@@ -32,6 +32,7 @@ from tandem.router.errors import error_body
 from tandem.router.httpserver import HttpServer, Request, Responder
 from tandem.router.metrics_merge import merge_families, render_families
 from tandem.router.processes import merge_engine_views, restart_delay, worker_config
+from tandem.router.upstream import UpstreamError, Upstreams
 
 log = logging.getLogger("tandem.router.supervisor")
 
@@ -87,21 +88,6 @@ class WorkerLink:
         os.close(self.ready_fd)
 
 
-async def http_get(port: int, path: str) -> tuple[int, bytes]:
-    """GET `path` from a worker's private admin port: its status and body."""
-    async with asyncio.timeout(SCRAPE_TIMEOUT_S):
-        reader, writer = await asyncio.open_connection(ADMIN_HOST, port)
-        try:
-            writer.write(
-                f"GET {path} HTTP/1.1\r\nhost: {ADMIN_HOST}\r\nconnection: close\r\n\r\n".encode()
-            )
-            raw = await reader.read()
-        finally:
-            writer.close()
-    head, _, body = raw.partition(b"\r\n\r\n")
-    return int(head.split(b" ", 2)[1]), body
-
-
 def _write_all(fd: int, data: bytes) -> None:
     """Write `data` to the pipe `fd` and close it."""
     try:
@@ -121,6 +107,11 @@ class Worker:
     index: int
     process: asyncio.subprocess.Process | None = None
     admin_port: int | None = None  # set while it serves
+
+    @property
+    def admin_url(self) -> str | None:
+        return None if self.admin_port is None else f"http://{ADMIN_HOST}:{self.admin_port}"
+
     exits: list[float] = field(default_factory=list)
     restarts: int = 0
 
@@ -136,6 +127,8 @@ class Supervisor:
         self.admin_port = 0
         self._worker_config = b""
         self._keepers: list[asyncio.Task[None]] = []
+        # Kept-alive connections to the workers' private admin ports, for /metrics and /engines.
+        self.admin_clients = Upstreams(connect_timeout=SCRAPE_TIMEOUT_S)
 
     async def start(self) -> None:
         """Claim the port, start every worker and wait until each serves; raise if one cannot."""
@@ -164,6 +157,7 @@ class Supervisor:
         await asyncio.gather(*self._keepers, return_exceptions=True)
         await self._stop_workers()
         await self.admin.close()
+        self.admin_clients.close()
 
     # -- workers -----------------------------------------------------------------------------
 
@@ -219,6 +213,8 @@ class Supervisor:
             process = worker.process
             assert process is not None
             code = await process.wait()
+            if worker.admin_url is not None:
+                self.admin_clients.drop(worker.admin_url)
             worker.admin_port = None
             now = time.monotonic()
             worker.exits.append(now)
@@ -304,13 +300,15 @@ class Supervisor:
         """Each worker's answer to `path`; a worker that fails to answer is left out."""
 
         async def one(worker: Worker) -> tuple[Worker, int, bytes] | None:
-            if worker.admin_port is None:
+            url = worker.admin_url
+            if url is None:
                 return None
             try:
-                status, body = await http_get(worker.admin_port, path)
-            except (TimeoutError, OSError, ValueError, IndexError):
+                pool = self.admin_clients.pool(url)
+                response = await pool.request("GET", path, idle_s=SCRAPE_TIMEOUT_S)
+                return worker, response.status, await response.read()
+            except UpstreamError:
                 return None
-            return worker, status, body
 
         answers = await asyncio.gather(*(one(w) for w in workers))
         return [a for a in answers if a is not None]
