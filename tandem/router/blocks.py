@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
-from hashlib import blake2b
+
+from tandem.router.rendezvous import hash64
 
 _SEED = 0x7A6D
 
@@ -59,7 +60,7 @@ def stable_text_key(text: str, chars_per_block: int, salt: str | None = None) ->
 
 def stable_key(data: bytes, salt: str | None) -> int:
     prefix = b"" if salt is None else salt.encode() + b"\0"
-    return int.from_bytes(blake2b(prefix + data, digest_size=8).digest(), "big")
+    return hash64(prefix + data)
 
 
 def salted_parent(salt: str | None) -> int | None:

@@ -20,10 +20,14 @@ T = TypeVar("T")
 _SCALE = 1.0 / 2**64
 
 
+def hash64(data: bytes) -> int:
+    """blake2b-64 of `data` as an unsigned integer: the same in every process and on every machine."""
+    return int.from_bytes(blake2b(data, digest_size=8).digest(), "big")
+
+
 def weight(key: str | int, engine_id: str) -> float:
     """The key's weight on the engine, uniform in [0, 1). Example: weight("s1", "http://a:8000")."""
-    digest = blake2b(f"{key}\0{engine_id}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") * _SCALE
+    return hash64(f"{key}\0{engine_id}".encode()) * _SCALE
 
 
 def hrw_order(key: str | int, items: Iterable[T], engine_id: Callable[[T], str]) -> list[T]:
