@@ -504,9 +504,10 @@ def router_config(
 ) -> RouterConfig:
     """The router's configuration. In a pod it discovers this cluster's engines by watching Pods
     and reads its keys from mounted Secrets; `tandem up` passes its own address, a static engine
-    list, its run's keys and, for several router processes, an admin port instead. `tokenizer` is where the router finds the model's tokenizer
-    files when the manifest's `router.tokenizer` names none; `chat_template` the engines'
-    `--chat-template` as the router can read it (see tokenizer.py)."""
+    list, its run's keys and, for several router processes, an admin port instead. `tokenizer`
+    is where the router finds the model's tokenizer files when the manifest's `router.tokenizer`
+    names none; `chat_template` the engines' `--chat-template` as the router can read it (see
+    tokenizer.py)."""
     spec = sc.spec
     router = spec.router
     return RouterConfig(
