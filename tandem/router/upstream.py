@@ -199,16 +199,18 @@ class Response:
         while True:
             while self._chunks:
                 chunk = self._chunks.popleft()
-                if (
-                    self._paused
-                    and len(self._chunks) < _LOW_WATER
-                    and self.conn.transport is not None
-                ):
-                    self._paused = False
-                    self.conn.transport.resume_reading()
+                if self._paused and len(self._chunks) < _LOW_WATER:
+                    self._resume()
                 yield chunk
             if not await self._arrival():
                 return
+
+    def _resume(self) -> None:
+        """Read from the engine again after back-pressure paused the socket."""
+        transport = self.conn.transport
+        if transport is not None:
+            self._paused = False
+            transport.resume_reading()
 
     async def _arrival(self) -> bool:
         """Waits for more of the body; False once it is complete, UpstreamError if it broke."""
@@ -232,9 +234,8 @@ class Response:
                 if self._chunks:
                     parts.extend(self._chunks)
                     self._chunks.clear()
-                    if self._paused and self.conn.transport is not None:
-                        self._paused = False
-                        self.conn.transport.resume_reading()
+                    if self._paused:
+                        self._resume()
                 if not await self._arrival():
                     break
         finally:
