@@ -11,15 +11,11 @@ starts stay on them.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
-import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,46 +103,19 @@ http {{
 """
 
 
+def nginx_argv(port: int, prefix: Path, cores: list[int] | None) -> list[str]:
+    """The command of one nginx answering as an idle vLLM engine on 127.0.0.1:`port`, its
+    configuration written into the directory `prefix` (where it keeps its files), on `cores`."""
+    config = prefix / "nginx.conf"
+    config.write_text(nginx_config(port, prefix))
+    return pinned([NGINX, "-p", str(prefix), "-c", str(config), "-e", "stderr"], cores)
+
+
 def pinned(argv: list[str], cores: list[int] | None) -> list[str]:
     """`argv` under `taskset -c` (the process and all its threads stay on `cores`)."""
     if not cores:
         return argv
     return ["taskset", "-c", ",".join(map(str, cores)), *argv]
-
-
-class Nginx:
-    """One nginx worker answering as an idle vLLM engine on 127.0.0.1:`port`."""
-
-    def __init__(self, port: int, cores: list[int] | None):
-        self.port = port
-        self.url = f"http://127.0.0.1:{port}"
-        self.dir = Path(tempfile.mkdtemp(prefix="tandem-nginx-"))
-        config = self.dir / "nginx.conf"
-        config.write_text(nginx_config(port, self.dir))
-        self.log = (self.dir / "stderr.log").open("wb")
-        self.proc = subprocess.Popen(
-            pinned([NGINX, "-p", str(self.dir), "-c", str(config), "-e", "stderr"], cores),
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-    def stop(self) -> None:
-        stop_group(self.proc)
-        self.log.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
-def stop_group(proc: subprocess.Popen[bytes]) -> None:
-    """Ends a child started with `start_new_session` and all it started: TERM, then KILL."""
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
 
 
 # wrk's Lua hooks: POST the body; print the summary as one JSON line at the end.
@@ -207,17 +176,6 @@ def wrk(
         row["p99_us"] / 1e6,
         errors,
     )
-
-
-def wait_http(url: str, limit_s: float = 60.0) -> None:
-    """Until GET `url` answers 200 (or `limit_s` passes)."""
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2) as response:
-            if response.status == 200:
-                return
-        time.sleep(0.1)
-    raise TimeoutError(f"{url} did not answer 200 within {limit_s}s")
 
 
 def _siblings(cpu: int) -> set[int]:

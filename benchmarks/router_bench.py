@@ -31,9 +31,12 @@ import contextlib
 import json
 import os
 import random
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -119,7 +122,14 @@ class Proc:
         return total
 
     def stop(self) -> None:
-        nginx_wrk.stop_group(self.proc)
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
         self.log.close()
         with contextlib.suppress(OSError):
             self.log_path.unlink()
@@ -184,15 +194,35 @@ def router_argv(kind: str, port: int, urls: list[str], tandem_args: list[str]) -
     raise ValueError(kind)
 
 
+def ready_path(kind: str) -> str:
+    """The path that answers 200 once a router of `kind` serves."""
+    return "/v1/models" if kind == "tandem" else "/health"
+
+
+def emulated_pool_flags(engines: list[Proc], kv_events: bool = True) -> list[str]:
+    """Tandem's flags for a pool of emulators. They tokenize with the emulator's fallback (no
+    tokenizer.json): the router's matching tokenization keys its exact index on their KV events."""
+    flags = ["--block-size", "16", "--tokenizer", "tandem-fallback"]
+    if not kv_events:
+        return [*flags, "--no-kv-events"]
+    for engine in engines:
+        flags += ["--kv-events", engine.kv_events]
+    return flags
+
+
 def start_router(kind: str, engines: list[Proc]) -> Proc:
     port = free_port()
-    # The engines tokenize with the emulator's fallback (no tokenizer.json): the router's
-    # matching tokenization keys its exact index on their KV events.
-    extra = ["--block-size", "16", "--tokenizer", "tandem-fallback"]
-    for engine in engines:
-        extra += ["--kv-events", engine.kv_events]
-    argv = router_argv(kind, port, [e.url for e in engines], extra + TANDEM_EXTRA_ARGS)
-    return Proc(kind, argv, port)
+    flags = emulated_pool_flags(engines) + TANDEM_EXTRA_ARGS
+    return Proc(kind, router_argv(kind, port, [e.url for e in engines], flags), port)
+
+
+def medians(per_round: dict[str, list[dict[str, float]]]) -> dict[str, dict[str, float]]:
+    """Per name, the median of each figure over the rounds; errors summed instead."""
+    return {
+        name: {key: statistics.median(r[key] for r in rows) for key in rows[0]}
+        | {"errors": sum(r["errors"] for r in rows)}
+        for name, rows in per_round.items()
+    }
 
 
 # vllm-router's cache_aware policy asks every worker for POST /v1/completions/render per request;
@@ -359,6 +389,17 @@ def shared_prefix_bodies(
     return bodies
 
 
+def cache_delta(
+    before: list[dict[str, float]], after: list[dict[str, float]]
+) -> tuple[float, float, list[float]]:
+    """Between two `engine_counters` readings: prefix-cache hits and queries over the pool, and
+    the requests each engine served."""
+    delta = [{k: a[k] - b[k] for k in a} for a, b in zip(after, before, strict=True)]
+    hits = sum(d["vllm:prefix_cache_hits_total"] for d in delta)
+    queries = sum(d["vllm:prefix_cache_queries_total"] for d in delta)
+    return hits, queries, [d["vllm:request_success_total"] for d in delta]
+
+
 async def engine_counters(engines: list[Proc]) -> list[dict[str, float]]:
     names = (
         "vllm:prefix_cache_hits_total",
@@ -408,7 +449,7 @@ async def measure_overhead(
         for kind in kinds:
             routers[kind] = start_router(kind, [engine])
         for kind, router in routers.items():
-            await router.wait_ready("/health" if kind != "tandem" else "/v1/models")
+            await router.wait_ready(ready_path(kind))
         urls = {"direct": engine.url} | {kind: router.url for kind, router in routers.items()}
         for url in urls.values():
             await closed_loop(url, tiny_bodies(200, 1), 8, False, time_limit)  # warm-up
@@ -431,11 +472,7 @@ async def measure_overhead(
         for router in routers.values():
             router.stop()
         engine.stop()
-    return {
-        name: {key: statistics.median(r[key] for r in rows) for key in rows[0]}
-        | {"errors": sum(r["errors"] for r in rows)}
-        for name, rows in per_round.items()
-    }
+    return medians(per_round)
 
 
 async def measure_throughput(
@@ -448,7 +485,7 @@ async def measure_throughput(
         for kind in kinds:
             router = start_router(kind, engines)
             try:
-                await router.wait_ready("/health" if kind != "tandem" else "/v1/models")
+                await router.wait_ready(ready_path(kind))
                 await closed_loop(router.url, tiny_bodies(300, 4), 16, False, time_limit)  # warm-up
                 cpu0 = router.cpu_seconds()
                 run = await closed_loop(router.url, tiny_bodies(n, 5), 64, False, time_limit)
@@ -498,19 +535,19 @@ async def measure_shared_prefix(
                 await reset_caches(engines)
                 router = start_router(kind, engines)
                 try:
-                    await router.wait_ready("/health" if kind != "tandem" else "/v1/models")
+                    await router.wait_ready(ready_path(kind))
                     before = await engine_counters(engines)
                     run = await closed_loop(router.url, bodies, concurrency, True, time_limit)
                     after = await engine_counters(engines)
                 finally:
                     router.stop()
-                delta = [{k: a[k] - b[k] for k in a} for a, b in zip(after, before, strict=True)]
-                totals[kind]["hits"] += sum(d["vllm:prefix_cache_hits_total"] for d in delta)
-                totals[kind]["queries"] += sum(d["vllm:prefix_cache_queries_total"] for d in delta)
+                hits, queries, served = cache_delta(before, after)
+                totals[kind]["hits"] += hits
+                totals[kind]["queries"] += queries
                 totals[kind]["requests"] += len(run.good)
                 totals[kind]["errors"] += len(run.samples) - len(run.good)
-                for i, d in enumerate(delta):
-                    loads[kind][i] += d["vllm:request_success_total"]
+                for i, count in enumerate(served):
+                    loads[kind][i] += count
                 ttfts[kind].extend(s.ttft for s in run.good if s.ttft is not None)
                 rates[kind].append(sum(s.tokens for s in run.good) / run.wall)
     finally:
@@ -577,6 +614,14 @@ def router_variants(
     return variants
 
 
+def start_nginx(scratch: Path, cores: list[int]) -> Proc:
+    """One nginx engine (nginx_wrk.py) on `cores`, its files in a directory under `scratch`."""
+    port = free_port()
+    prefix = scratch / str(port)
+    prefix.mkdir()
+    return Proc("nginx", nginx_wrk.nginx_argv(port, prefix, cores), port)
+
+
 async def measure_nginx_budget(
     kinds: list[str], cores: int, backends: int, seconds: float, rounds: int, before: Path | None
 ) -> dict[str, dict[str, float]]:
@@ -585,14 +630,15 @@ async def measure_nginx_budget(
     over `rounds` (the order rotating), medians of the rounds. The router's CPU seconds (its whole
     process tree) are read over the concurrency-64 run."""
     router_cpus, nginx_cpus, wrk_cpus = nginx_wrk.core_plan(cores)
-    engines = [nginx_wrk.Nginx(free_port(), nginx_cpus) for _ in range(backends)]
+    scratch = Path(tempfile.mkdtemp(prefix="tandem-nginx-"))
+    engines = [start_nginx(scratch, nginx_cpus) for _ in range(backends)]
     routers: dict[str, Proc] = {}
     per_round: dict[str, list[dict[str, float]]] = {}
+    variants = router_variants(kinds, cores, before)
     try:
-        for engine in engines:
-            await asyncio.to_thread(nginx_wrk.wait_http, engine.url + "/health")
+        await asyncio.gather(*(e.wait_ready("/health") for e in engines))
         urls = [e.url for e in engines]
-        for name, (kind, extra, tree) in router_variants(kinds, cores, before).items():
+        for name, (kind, extra, tree) in variants.items():
             port = free_port()
             argv = router_argv(kind, port, urls, extra + TANDEM_EXTRA_ARGS)
             env = {
@@ -602,7 +648,7 @@ async def measure_nginx_budget(
             }
             routers[name] = Proc(name, nginx_wrk.pinned(argv, router_cpus), port, env, tree)
         for name, router in routers.items():
-            await router.wait_ready("/v1/models" if name.startswith("tandem") else "/health")
+            await router.wait_ready(ready_path(variants[name][0]))
         targets = {"direct": engines[0].url} | {n: r.url for n, r in routers.items()}
         for url in targets.values():  # warm-up: connections, caches, the JITs of nothing
             await asyncio.to_thread(nginx_wrk.wrk, url, 8, 1.0, 1, wrk_cpus)
@@ -635,11 +681,8 @@ async def measure_nginx_budget(
             router.stop()
         for engine in engines:
             engine.stop()
-    return {
-        name: {key: statistics.median(r[key] for r in rows) for key in rows[0]}
-        | {"errors": sum(r["errors"] for r in rows)}
-        for name, rows in per_round.items()
-    }
+        shutil.rmtree(scratch, ignore_errors=True)
+    return medians(per_round)
 
 
 def print_nginx_report(results: dict[str, dict[str, dict[str, float]]], load: str) -> None:
@@ -700,7 +743,7 @@ async def main_nginx(args: argparse.Namespace, kinds: list[str]) -> int:
     # nginx serves no /render and has no KV cache: round-robin is the fair comparison.
     SGLANG_POLICY = VLLM_POLICY = "round_robin"
     budgets = [int(c) for c in args.cores.split(",")]
-    before = Path(args.before_tree) if args.before_tree else None  # absolute (main)
+    before: Path | None = args.before_tree
     load_before = os.getloadavg()
     results = {
         str(cores): await measure_nginx_budget(
@@ -866,21 +909,20 @@ async def main_async(args: argparse.Namespace) -> int:
     return 0
 
 
-NGINX_OPTIONS: tuple[tuple[str, type, object, str], ...] = (
-    ("--cores", str, "1", "router core budgets, e.g. 1,2,4"),
-    ("--backends", int, 4, "nginx engines"),
-    ("--seconds", float, 5.0, "seconds per wrk run"),
-    ("--rounds", int, 3, "interleaved rounds"),
-    (
-        "--before-tree",
-        str,
-        None,
-        "also run Tandem from this source tree on one core (tandem-before)",
-    ),
-)
+METHODS = ("emulator", "nginx", "replicas")
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    # The replicas method is router_replicas.py: every other flag is that script's, including
+    # the ones both scripts have (--quick, --rounds).
+    method = argparse.ArgumentParser(add_help=False)
+    method.add_argument("--method", choices=METHODS, default="emulator")
+    chosen, rest = method.parse_known_args(argv)
+    if chosen.method == "replicas":
+        from router_replicas import main as replicas  # it imports this module: load it only here
+
+        return replicas(rest)
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -894,23 +936,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parts", default="abc", help="which measurements to run (a, b, c)")
     parser.add_argument(
         "--method",
-        choices=("emulator", "nginx", "replicas"),
+        choices=METHODS,
         default="emulator",
         help="emulator pools (a, b, c), nginx backends driven by wrk, or Tandem's 1/2/4 replicas"
         " behind HAProxy (router_replicas.py; the flags after it are that script's)",
     )
     nginx = parser.add_argument_group("nginx method")
-    for flag, kind, default, text in NGINX_OPTIONS:
-        nginx.add_argument(flag, type=kind, default=default, help=text)
-    args, rest = parser.parse_known_args(argv)
-    if args.method == "replicas":
-        from router_replicas import main as replicas  # it imports this module: load it only here
-
-        return replicas(rest)
-    if rest:
-        parser.error(f"unrecognized arguments: {' '.join(rest)}")
-    if args.before_tree:
-        args.before_tree = str(Path(args.before_tree).resolve())
+    nginx.add_argument("--cores", default="1", help="router core budgets, e.g. 1,2,4")
+    nginx.add_argument("--backends", type=int, default=4, help="nginx engines")
+    nginx.add_argument("--seconds", type=float, default=5.0, help="seconds per wrk run")
+    nginx.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
+    nginx.add_argument(
+        "--before-tree",
+        type=lambda path: Path(path).resolve(),
+        help="also run Tandem from this source tree on one core (tandem-before)",
+    )
+    args = parser.parse_args(argv)
     try:
         import uvloop
 

@@ -41,9 +41,12 @@ from router_bench import (
     MODEL,
     WORDS,
     Proc,
+    cache_delta,
+    emulated_pool_flags,
     engine_counters,
     pct,
     reset_caches,
+    router_argv,
     shared_prefix_bodies,
     start_engine,
 )
@@ -62,15 +65,8 @@ GROUPS, PER_GROUP, SESSIONS, AT_ONCE, TURNS = 24, 8, 48, 24, 4
 
 def start_replica(engines: list[Proc], kv_events: bool, extra: list[str]) -> Proc:
     port = free_port()
-    argv = [sys.executable, "-m", "tandem.cli", "router", "--host", "127.0.0.1", "--port", str(port),
-            "--model", MODEL, "--block-size", "16", "--log-level", "warning",
-            "--tokenizer", "tandem-fallback", "--trust-all-clients"]  # fmt: skip
-    for engine in engines:
-        argv += ["--worker", engine.url]
-        argv += ["--kv-events", engine.kv_events] if kv_events else []
-    if not kv_events:
-        argv.append("--no-kv-events")
-    return Proc("replica", argv + extra, port)
+    flags = [*emulated_pool_flags(engines, kv_events), "--trust-all-clients", *extra]
+    return Proc("replica", router_argv("tandem", port, [e.url for e in engines], flags), port)
 
 
 # -- load --------------------------------------------------------------------------------------
@@ -236,29 +232,18 @@ async def measure(
         balancer.stop()
         for replica in replicas:
             replica.stop()
-    delta = [{k: a[k] - b[k] for k in a} for a, b in zip(after, before, strict=True)]
-    hits = sum(d["vllm:prefix_cache_hits_total"] for d in delta)
-    queries = sum(d["vllm:prefix_cache_queries_total"] for d in delta)
-    loads = [d["vllm:request_success_total"] for d in delta]
+    hits, queries, loads = cache_delta(before, after)
     ttfts = [o.ttft for o in tally.good if o.ttft is not None]
     sessions = tally.sessions
-    sticky = (
-        sum(len({o.engine for o in t}) == 1 for t in sessions.values()) / len(sessions)
-        if sessions
-        else NAN
-    )
-    spread = (
-        sum(len({o.engine for o in t}) for t in sessions.values()) / len(sessions)
-        if sessions
-        else NAN
-    )
+    distinct = [len({o.engine for o in outcomes}) for outcomes in sessions.values()]
+    sticky = sum(n == 1 for n in distinct) / len(distinct) if distinct else NAN
+    spread = sum(distinct) / len(distinct) if distinct else NAN
     urls = [e.url for e in engines]
-    turns = [
-        (sid, o.engine)
-        for sid, outcomes in sessions.items()
+    turns = (
+        [(sid, o.engine) for sid, outcomes in sessions.items() for o in outcomes]
         if workload == "sessions"
-        for o in outcomes
-    ]
+        else []
+    )
     on_top = (
         sum(engine == hrw_order(sid, urls, str)[0] for sid, engine in turns) / len(turns)
         if turns
