@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from collections.abc import Callable, Iterator
 
 import httpx
@@ -150,6 +151,14 @@ def running(*procs: Proc) -> Iterator[None]:
     finally:
         for proc in procs:
             proc.stop()
+
+
+def wait_until(ready: Callable[[], bool], timeout: float = 10.0) -> None:
+    """Poll `ready` every 0.1 s until it holds; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.1)
 
 
 def metric(text: str, name: str, **labels: str) -> float:

@@ -18,7 +18,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
-from router_harness import MODEL_DIR, SHORT, Engine, Proc, completion, running
+from router_harness import MODEL_DIR, SHORT, Engine, Proc, completion, running, wait_until
 
 from tandem.common.ports import free_port
 
@@ -182,13 +182,6 @@ def engines(router: Proc) -> dict[str, dict[str, object]]:
     return {e["url"]: e for e in httpx.get(router.url + "/engines").json()}
 
 
-def wait_for(check, timeout: float = 15.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.1)
-
-
 @pytest.fixture
 def engine() -> Iterator[Engine]:
     decode = Engine(None)
@@ -241,7 +234,7 @@ def test_pod_watch_drives_the_pool(engine: Engine, tmp_path: Path) -> None:
         )
         with running(router):
             local = f"http://127.0.0.1:{engine.port}"
-            wait_for(lambda: local in engines(router))
+            wait_until(lambda: local in engines(router), timeout=15)
             assert f"http://127.0.0.3:{engine.port}" not in engines(router)  # not Ready
             assert f"http://127.0.0.4:{engine.port}" not in engines(router)  # not the pools' pod
             assert (
@@ -254,7 +247,7 @@ def test_pod_watch_drives_the_pool(engine: Engine, tmp_path: Path) -> None:
                     "object": pod("llama-prefill-0", "prefill", "127.0.0.2", version=2),
                 }
             )
-            wait_for(lambda: f"http://127.0.0.2:{engine.port}" in engines(router))
+            wait_until(lambda: f"http://127.0.0.2:{engine.port}" in engines(router), timeout=15)
             assert engines(router)[f"http://127.0.0.2:{engine.port}"]["roles"] == ["prefill"]
             api.events.put(
                 {
@@ -262,7 +255,7 @@ def test_pod_watch_drives_the_pool(engine: Engine, tmp_path: Path) -> None:
                     "object": pod("llama-decode-0", "decode", "127.0.0.1", version=3),
                 }
             )
-            wait_for(lambda: local not in engines(router))
+            wait_until(lambda: local not in engines(router), timeout=15)
             response = completion(router, SHORT)
             assert response.status_code == 503  # no decode engine left
             assert response.json()["error"]["code"] == 503

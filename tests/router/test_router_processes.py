@@ -10,14 +10,12 @@ import json
 import signal
 import socket
 import threading
-import time
-from collections.abc import Callable
 
 import httpx
 import psutil
 import pytest
 from pydantic import ValidationError
-from router_harness import Engine, Router, metric, metrics, running
+from router_harness import Engine, Router, metric, metrics, running, wait_until
 
 from tandem.common.ports import free_port
 from tandem.router.config import RouterConfig
@@ -150,13 +148,6 @@ def test_restart_backoff_doubles_and_is_capped() -> None:
     assert restart_delay([-1000.0, 99.0], 100.0) == RESTART_BASE_S  # old exits forgotten
 
 
-def _wait_until(ready: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not ready():
-        assert time.monotonic() < deadline, "not ready in time"
-        time.sleep(0.1)
-
-
 def _healthy_processes(admin_url: str) -> int:
     """Processes that see the engine healthy (each checks it on its own)."""
     text = metrics(admin_url)
@@ -190,7 +181,7 @@ def test_two_processes_serve_restart_and_stop_together() -> None:
     router = Router(["--worker", engine.url, "--processes", "2", "--admin-port", str(admin)])
     admin_url = f"http://127.0.0.1:{admin}"
     with running(engine, router):
-        _wait_until(lambda: _healthy_processes(admin_url) == 2)
+        wait_until(lambda: _healthy_processes(admin_url) == 2)
         first = _workers(router.proc.pid)
         assert len(first) == 2
         # Fresh connections are spread over both processes; each counts its own requests.
@@ -231,7 +222,7 @@ def test_two_processes_serve_restart_and_stop_together() -> None:
             response = httpx.post(router.url + "/v1/completions", json=body, timeout=30)
             assert response.status_code == 200
 
-        _wait_until(lambda: _healthy_processes(admin_url) == 2)
+        wait_until(lambda: _healthy_processes(admin_url) == 2)
         text = metrics(admin_url)
         assert metric(text, "tandem_router_processes_alive") == 2
         assert metric(text, "tandem_router_process_restarts_total") == 1
@@ -272,4 +263,4 @@ def test_killing_the_supervisor_takes_the_workers_down() -> None:
         workers = _workers(router.proc.pid)
         assert len(workers) == 2
         router.proc.kill()
-        _wait_until(lambda: not any(psutil.pid_exists(pid) for pid in workers))
+        wait_until(lambda: not any(psutil.pid_exists(pid) for pid in workers))

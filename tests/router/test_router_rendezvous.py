@@ -7,9 +7,10 @@ import subprocess
 import sys
 from collections import Counter
 
+from test_router_plan import _config, _inputs
+
 from tandem.common.routing import ScoringConfig
-from tandem.router.config import RouterConfig
-from tandem.router.decision import RouteInputs, plan_route
+from tandem.router.decision import plan_route
 from tandem.router.engines import Engine
 from tandem.router.rendezvous import hrw_order, weight
 from tandem.router.scorers.affinity import affinity_score
@@ -29,20 +30,8 @@ def _engines(depths: dict[str, int] | None = None) -> list[Engine]:
 def _plan(
     engines: list[Engine], config: dict[str, object] | None = None, **extra: object
 ) -> Engine:
-    router = RouterConfig.model_validate(
-        {"servedModelName": "tiny", "static": {"decode": [{"url": IDS[0]}]}, **(config or {})}
-    )
-    fields: dict[str, object] = {
-        "prompt_tokens": 200,
-        "total_blocks": 12,
-        "n": 1,
-        "decoders": engines,
-        "prefillers": [],
-        "any_prefill_configured": False,
-        "hits": {},
-        "cached_blocks": {},
-    }
-    plan = plan_route(RouteInputs(**(fields | extra)), router)  # type: ignore[arg-type]
+    inputs = _inputs(engines, [], prompt_tokens=200, total_blocks=12, **extra)
+    plan = plan_route(inputs, _config(**(config or {})))
     assert plan is not None
     return plan.decode.engine
 
