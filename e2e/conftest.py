@@ -77,6 +77,7 @@ def offline_clients(binaries: Binaries, tmp_path_factory: pytest.TempPathFactory
 
 RELEASE = "tandem"
 OPERATOR_NAMESPACE = "tandem-system"
+OPERATOR_METRICS_PORT = 8081  # the chart's operator.metrics.port
 CHART = Path(__file__).resolve().parent.parent / "charts" / "tandem"
 
 

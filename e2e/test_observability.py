@@ -19,6 +19,7 @@ import httpx
 import pytest
 from kubernetes import client as k8s
 
+from e2e.conftest import OPERATOR_METRICS_PORT
 from e2e.harness.kube import eventually
 from e2e.harness.podrunner import PodRunner, RunningPod
 
@@ -36,7 +37,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 NAME = NAMESPACE = "observe"
 GROUP, VERSION, PLURAL = "tandem.dev", "v1alpha1", "servingclusters"
-OPERATOR_METRICS_PORT = 8081  # the chart's operator.metrics.port
 OPERATOR_SERIES = "tandem_operator_"
 
 

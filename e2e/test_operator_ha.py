@@ -23,11 +23,18 @@ import pytest
 from kubernetes import client as k8s
 from prometheus_client.parser import text_string_to_metric_families
 
-from e2e.conftest import CHART, OPERATOR_NAMESPACE, RELEASE, wait_for_operator
-from e2e.harness.kube import eventually, gone, no_engine_cluster
+from e2e.conftest import (
+    CHART,
+    OPERATOR_METRICS_PORT,
+    OPERATOR_NAMESPACE,
+    RELEASE,
+    wait_for_operator,
+)
+from e2e.harness.kube import eventually, gone
 from e2e.harness.podrunner import PodRunner, RunningPod
 from e2e.harness.tools import Clients
-from tandem.operator.peering import is_active
+from tandem.observability.names import AUTOSCALER_EVALUATIONS
+from tandem.operator.peering import is_active, peer_live
 
 pytestmark = pytest.mark.e2e
 
@@ -35,22 +42,33 @@ NAMESPACE = "ha"
 NAME = "ha"
 GROUP, VERSION, PLURAL = "tandem.dev", "v1alpha1", "servingclusters"
 PEERING = RELEASE  # the chart's fullname (the release name, as it contains the chart's)
-OPERATOR_METRICS_PORT = 8081  # the chart's operator.metrics.port
-EVALUATIONS = "tandem_operator_autoscaler_evaluations_total"
 
 
 def _manifest(annotation: str) -> dict[str, Any]:
-    router = {"replicas": 0, "service": {"annotations": {"ha/step": annotation}}}
-    manifest = no_engine_cluster(NAME, NAMESPACE, router)
-    manifest["spec"]["model"] = {"name": "tiny"}
-    manifest["spec"]["autoscaling"] = {
-        "enabled": True,
-        "prometheusURL": "http://127.0.0.1:9",  # nothing listens: every decision holds the pools
-        "intervalSeconds": 1,
-        "prefill": {"min": 1, "max": 1},
-        "decode": {"min": 1, "max": 1},
+    """Pools the autoscaler holds at one replica each: its Prometheus is an address where nothing
+    listens, so every evaluation is MetricsUnavailable and keeps the size within [1, 1]."""
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "ServingCluster",
+        "metadata": {"name": NAME, "namespace": NAMESPACE},
+        "spec": {
+            "model": {"name": "tiny"},
+            "prefill": {"replicas": 0},
+            "decode": {"replicas": 0},
+            "router": {"replicas": 0, "service": {"annotations": {"ha/step": annotation}}},
+            "autoscaling": {
+                "enabled": True,
+                "prometheusURL": "http://127.0.0.1:9",
+                "intervalSeconds": 1,
+                "prefill": {"min": 1, "max": 1},
+                "decode": {"min": 1, "max": 1},
+            },
+        },
     }
-    return manifest
+
+
+def _live_operators(pod_runner: PodRunner) -> list[RunningPod]:
+    return [p for p in pod_runner.by_role("operator", OPERATOR_NAMESPACE) if p.child.alive()]
 
 
 def _evaluations(operator: RunningPod) -> float | None:
@@ -65,7 +83,7 @@ def _evaluations(operator: RunningPod) -> float | None:
         sample.value
         for family in text_string_to_metric_families(text)
         for sample in family.samples
-        if sample.name == EVALUATIONS and sample.labels.get("namespace") == NAMESPACE
+        if sample.name == AUTOSCALER_EVALUATIONS and sample.labels.get("namespace") == NAMESPACE
     )
 
 
@@ -96,7 +114,7 @@ def two_operators(
     upgrade(2)
 
     def both_live() -> list[RunningPod] | None:
-        live = [p for p in pod_runner.by_role("operator", OPERATOR_NAMESPACE) if p.child.alive()]
+        live = _live_operators(pod_runner)
         return live if len(live) == 2 else None
 
     try:
@@ -134,7 +152,7 @@ def _active(custom: k8s.CustomObjectsApi, operators: list[RunningPod]) -> Runnin
     live = {}
     for identity, info in peers.items():
         pod = _pod_of(identity, operators)
-        if pod is not None and is_active({identity: info}, identity, 0, now):  # its entry is live
+        if pod is not None and peer_live(info, now):
             live[identity] = pod
     if len(live) < len(operators):
         return None
@@ -196,7 +214,7 @@ def test_the_standby_takes_over_within_30_s(
         what="the standby's leadership gate to open",
     )
     # Still one autoscaler among the live operator processes: the standby's.
-    survivors = [p for p in pod_runner.by_role("operator", OPERATOR_NAMESPACE) if p.child.alive()]
+    survivors = _live_operators(pod_runner)
     eventually(lambda: [p.name for p in _evaluating(survivors)] == [standby.name], timeout_s=20,
                what="the standby alone evaluating the autoscaler")  # fmt: skip
 

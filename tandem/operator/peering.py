@@ -49,27 +49,28 @@ def _parse_time(text: str) -> datetime.datetime:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=datetime.UTC)
 
 
+def peer_live(info: Mapping[str, Any], now: datetime.datetime) -> bool:
+    """Whether a peer's entry is live: lastseen + lifetime > now (kopf writes `lastseen` and
+    `lifetime` into the peering object's status)."""
+    lastseen = info.get("lastseen")
+    if lastseen is None:
+        return False
+    deadline = _parse_time(str(lastseen)) + datetime.timedelta(
+        seconds=int(info.get("lifetime", 60))
+    )
+    return deadline > now
+
+
 def is_active(
     peers: Mapping[str, Mapping[str, Any]], identity: str, priority: int, now: datetime.datetime
 ) -> bool:
     """kopf's rule, as seen by the replica `identity`: active when its own entry is live and no
-    other live peer has a priority >= `priority`. A peer is live while lastseen + lifetime > now
-    (kopf writes `lastseen` and `lifetime` into the peering object's status)."""
-
-    def live(info: Mapping[str, Any]) -> bool:
-        lastseen = info.get("lastseen")
-        if lastseen is None:
-            return False
-        deadline = _parse_time(str(lastseen)) + datetime.timedelta(
-            seconds=int(info.get("lifetime", 60))
-        )
-        return deadline > now
-
+    other live peer has a priority >= `priority` (`peer_live`)."""
     own = peers.get(identity)
-    if own is None or not live(own):
+    if own is None or not peer_live(own, now):
         return False
     return not any(
-        live(info) and int(info.get("priority", 0)) >= priority
+        peer_live(info, now) and int(info.get("priority", 0)) >= priority
         for peer, info in peers.items()
         if peer != identity
     )

@@ -336,12 +336,11 @@ class PDCluster:
     def router(self, name: str = "router", **changes: object) -> Router:
         """A router for the pair (the plan's config with `changes`), ready; one of several
         `processes` serves its /engines and /metrics on an admin port of its own."""
-        several = int(changes.get("processes", 1)) > 1  # type: ignore[call-overload]
+        config = self.plan.router_config.model_copy(update={"port": free_port(), **changes})
+        admin_port = free_port() if config.processes > 1 else None
         # The tests read the engines' addresses.
-        trust = TrustConfig(trust_all_clients=True, admin_port=free_port() if several else None)
-        config = self.plan.router_config.model_copy(
-            update={"port": free_port(), "trust": trust, **changes}
-        )
+        trust = TrustConfig(trust_all_clients=True, admin_port=admin_port)
+        config = config.model_copy(update={"trust": trust})
         router = Router(config, self.run_dir, name)
         self.routers.append(router)
         router.wait_ready(timeout=60)

@@ -45,9 +45,9 @@ def test_a_conversation_alternating_between_two_replicas_is_predicted_by_both(
 
 
 def test_a_router_of_two_processes_predicts_from_either_process(
-    pd: PDCluster, pd_cluster: PDCluster, model_dir: Path
+    pd: PDCluster, model_dir: Path
 ) -> None:
-    router = pd_cluster.router("two-processes", tokenizer=str(model_dir), processes=2)
+    router = pd.router("two-processes", tokenizer=str(model_dir), processes=2)
     try:
         # Each request opens a connection of its own; the kernel spreads them over the processes.
         assert_parity(measure(pd, [router], "/v1/chat/completions", turns("Again: ")))
