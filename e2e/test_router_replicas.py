@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
+from e2e.harness.cluster import kwok_node
 from e2e.harness.kube import eventually, gone, no_engine_cluster
 from e2e.harness.podrunner import RunningPod
 
@@ -28,35 +29,16 @@ NAME = "spread"
 ROUTER = f"{NAME}-router"
 GROUP, VERSION, PLURAL = "tandem.dev", "v1alpha1", "servingclusters"
 NODE_LABEL = "tandem.dev/e2e-router-spread"
-NODES = {"kwok-router-a": "zone-a", "kwok-router-b": "zone-b"}
-# Pod addresses of their own, outside 127.0.0.0/8: nothing connects to these pods.
-POD_CIDRS = {"kwok-router-a": "10.250.0.0/24", "kwok-router-b": "10.250.1.0/24"}
+# Each node's zone and pod addresses, the latter outside 127.0.0.0/8: nothing connects to these pods.
+NODES = {"kwok-router-a": ("zone-a", "10.250.0.0/24"), "kwok-router-b": ("zone-b", "10.250.1.0/24")}
 ROUTER_PODS = f"tandem.dev/cluster={NAME},tandem.dev/role=router"
 
 
-def _node(name: str, zone: str) -> dict[str, Any]:
+def _node(name: str, zone: str, pod_cidr: str) -> dict[str, Any]:
     resources = {"cpu": "32", "memory": "64Gi", "pods": "110"}
-    return {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {
-            "name": name,
-            "labels": {
-                "kubernetes.io/hostname": name,
-                "kubernetes.io/os": "linux",
-                "topology.kubernetes.io/zone": zone,
-                NODE_LABEL: "true",
-                "type": "kwok",
-            },
-            "annotations": {"kwok.x-k8s.io/node": "fake"},
-        },
-        "spec": {
-            "podCIDR": POD_CIDRS[name],
-            "podCIDRs": [POD_CIDRS[name]],
-            "taints": [{"key": NODE_LABEL, "value": "true", "effect": "NoSchedule"}],
-        },
-        "status": {"allocatable": resources, "capacity": resources},
-    }
+    labels = {"topology.kubernetes.io/zone": zone, NODE_LABEL: "true"}
+    taint = {"key": NODE_LABEL, "value": "true", "effect": "NoSchedule"}
+    return kwok_node(name, pod_cidr, resources, labels, [taint])
 
 
 def _manifest(router_replicas: int) -> dict[str, Any]:
@@ -73,8 +55,8 @@ def _manifest(router_replicas: int) -> dict[str, Any]:
 def router_nodes(api: k8s.ApiClient) -> Iterator[list[str]]:
     """Two Ready KWOK nodes in two zones, only for the router pods; deleted afterwards."""
     core = k8s.CoreV1Api(api)
-    for name, zone in NODES.items():
-        node = _node(name, zone)
+    for name, (zone, pod_cidr) in NODES.items():
+        node = _node(name, zone, pod_cidr)
         core.create_node(node)
         core.patch_node_status(name, {"status": node["status"]})
 

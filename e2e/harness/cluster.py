@@ -77,6 +77,36 @@ def write_kubeconfig(
     return path
 
 
+def kwok_node(
+    name: str,
+    pod_cidr: str,
+    resources: dict[str, str],
+    labels: dict[str, str] | None = None,
+    taints: list[dict[str, str]] | None = None,
+) -> dict[str, Any]:
+    """A Node that KWOK manages (it marks the node and its pods Ready): `resources` both allocatable
+    and capacity, pod IPs from `pod_cidr`, `labels` besides the hostname, os and kwok ones."""
+    spec: dict[str, Any] = {"podCIDR": pod_cidr, "podCIDRs": [pod_cidr]}
+    if taints:
+        spec["taints"] = taints
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "type": "kwok",
+                **(labels or {}),
+            },
+            "annotations": {"kwok.x-k8s.io/node": "fake"},
+        },
+        "spec": spec,
+        "status": {"allocatable": resources, "capacity": resources},
+    }
+
+
 class ControlPlane:
     """Starts the components in dependency order with fresh PKI under `workdir`; `stop` undoes it."""
 
@@ -344,23 +374,8 @@ class ControlPlane:
             "pods": "110",
             "nvidia.com/gpu": str(GPUS_PER_NODE),
         }
-        node: dict[str, Any] = {
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": {
-                "name": NODE_NAME,
-                "labels": {
-                    "kubernetes.io/hostname": NODE_NAME,
-                    "kubernetes.io/os": "linux",
-                    "kubernetes.io/arch": "amd64",
-                    "nvidia.com/gpu.present": "true",
-                    "type": "kwok",
-                },
-                "annotations": {"kwok.x-k8s.io/node": "fake"},
-            },
-            "spec": {"podCIDR": self.pod_cidr, "podCIDRs": [self.pod_cidr]},
-            "status": {"allocatable": resources, "capacity": resources},
-        }
+        labels = {"kubernetes.io/arch": "amd64", "nvidia.com/gpu.present": "true"}
+        node = kwok_node(NODE_NAME, self.pod_cidr, resources, labels)
         core.create_node(node)  # type: ignore[arg-type]
         core.patch_node_status(
             NODE_NAME, {"status": {"allocatable": resources, "capacity": resources}}
