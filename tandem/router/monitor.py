@@ -9,7 +9,7 @@ import time
 
 from tandem.router.engine_metrics import parse_engine_load
 from tandem.router.engines import Engine, EnginePool
-from tandem.router.upstream import AuthHeader, UpstreamError, Upstreams
+from tandem.router.upstream import AuthHeader, UpstreamError, UpstreamPool, Upstreams
 
 log = logging.getLogger("tandem.router.monitor")
 
@@ -74,17 +74,15 @@ class EngineMonitor:
             engine.healthy = ok
             engine.consecutive_failures = 0 if ok else engine.consecutive_failures + 1
         if engine.healthy:
-            await self._scrape_load(engine)
+            await self._scrape_load(engine, pool)
 
-    async def _scrape_load(self, engine: Engine) -> None:
+    async def _scrape_load(self, engine: Engine, pool: UpstreamPool) -> None:
         """Queue depth and KV usage from /metrics. A slow or failed scrape keeps the last values:
         health is /health's to decide (a busy engine's /metrics can take seconds to render), and a
         dead engine fails its health check, which the next pass makes, or the proxy's next
         connection."""
         try:
-            response = await self.upstreams.pool(engine.url).request(
-                "GET", "/metrics", idle_s=self.timeout_s
-            )
+            response = await pool.request("GET", "/metrics", idle_s=self.timeout_s)
             text = await response.read()
         except UpstreamError as exc:
             log.debug("engine %s: /metrics not read: %s", engine.id, exc)
