@@ -30,7 +30,7 @@ from e2e.conftest import (
     RELEASE,
     wait_for_operator,
 )
-from e2e.harness.kube import eventually, gone
+from e2e.harness.kube import eventually, gone, zero_pool_cluster
 from e2e.harness.podrunner import PodRunner, RunningPod
 from e2e.harness.tools import Clients
 from tandem.observability.names import AUTOSCALER_EVALUATIONS
@@ -47,24 +47,17 @@ PEERING = RELEASE  # the chart's fullname (the release name, as it contains the 
 def _manifest(annotation: str) -> dict[str, Any]:
     """Pools the autoscaler holds at one replica each: its Prometheus is an address where nothing
     listens, so every evaluation is MetricsUnavailable and keeps the size within [1, 1]."""
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "ServingCluster",
-        "metadata": {"name": NAME, "namespace": NAMESPACE},
-        "spec": {
-            "model": {"name": "tiny"},
-            "prefill": {"replicas": 0},
-            "decode": {"replicas": 0},
-            "router": {"replicas": 0, "service": {"annotations": {"ha/step": annotation}}},
-            "autoscaling": {
-                "enabled": True,
-                "prometheusURL": "http://127.0.0.1:9",
-                "intervalSeconds": 1,
-                "prefill": {"min": 1, "max": 1},
-                "decode": {"min": 1, "max": 1},
-            },
-        },
+    router = {"replicas": 0, "service": {"annotations": {"ha/step": annotation}}}
+    autoscaling = {
+        "enabled": True,
+        "prometheusURL": "http://127.0.0.1:9",
+        "intervalSeconds": 1,
+        "prefill": {"min": 1, "max": 1},
+        "decode": {"min": 1, "max": 1},
     }
+    return zero_pool_cluster(
+        NAME, NAMESPACE, router, model={"name": "tiny"}, autoscaling=autoscaling
+    )
 
 
 def _live_operators(pod_runner: PodRunner) -> list[RunningPod]:

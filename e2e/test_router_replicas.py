@@ -19,7 +19,7 @@ import pytest
 from kubernetes import client as k8s
 
 from e2e.harness.cluster import kwok_node
-from e2e.harness.kube import eventually, gone, no_engine_cluster
+from e2e.harness.kube import eventually, gone, zero_pool_cluster
 from e2e.harness.podrunner import RunningPod
 
 pytestmark = pytest.mark.e2e
@@ -48,7 +48,7 @@ def _manifest(router_replicas: int) -> dict[str, Any]:
         "nodeSelector": {NODE_LABEL: "true"},
         "tolerations": [toleration],
     }
-    return no_engine_cluster(NAME, NAMESPACE, router)
+    return zero_pool_cluster(NAME, NAMESPACE, router)
 
 
 @pytest.fixture(scope="module")

@@ -48,9 +48,12 @@ def gone(read: Callable[[], object]) -> bool:
     return False
 
 
-def no_engine_cluster(name: str, namespace: str, router: dict[str, Any]) -> dict[str, Any]:
-    """A ServingCluster manifest whose pools have no replicas, so no engine starts: for tests of
-    the operator and the router's objects rather than of serving."""
+def zero_pool_cluster(
+    name: str, namespace: str, router: dict[str, Any], **spec: Any
+) -> dict[str, Any]:
+    """A ServingCluster manifest whose pools have no replicas, for tests of the operator and the
+    router's objects rather than of serving: no engine starts unless `spec` (fields that replace
+    the defaults, e.g. `model`, `autoscaling`) adds an autoscaler that sizes the pools."""
     return {
         "apiVersion": "tandem.dev/v1alpha1",
         "kind": "ServingCluster",
@@ -60,5 +63,6 @@ def no_engine_cluster(name: str, namespace: str, router: dict[str, Any]) -> dict
             "prefill": {"replicas": 0},
             "decode": {"replicas": 0},
             "router": router,
+            **spec,
         },
     }
