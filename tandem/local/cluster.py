@@ -11,6 +11,7 @@ from typing import Any
 
 import yaml
 
+from tandem.common.ports import bound_free_port
 from tandem.local.plan import LOCALHOST, LocalOptions, LocalPlan, build_plan
 from tandem.local.supervisor import Supervisor
 from tandem.operator.api import ServingCluster, load_manifest, parse_manifest
@@ -45,14 +46,14 @@ def load_cluster(path: str | Path, sets: list[str] | None = None) -> ServingClus
 
 
 class PortPool:
-    """Free TCP ports on 127.0.0.1, held bound until released so two picks never collide."""
+    """Free TCP ports on 127.0.0.1 outside the ephemeral range (see tandem.common.ports), held
+    bound until released so two picks never collide."""
 
     def __init__(self) -> None:
         self._held: list[socket.socket] = []
 
     def take(self) -> int:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.bind((LOCALHOST, 0))
+        sock = bound_free_port(LOCALHOST)
         self._held.append(sock)
         port: int = sock.getsockname()[1]
         return port
