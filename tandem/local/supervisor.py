@@ -14,11 +14,13 @@ from pathlib import Path
 
 import aiohttp
 
+from tandem.local.logs import failure_excerpt
 from tandem.local.plan import ProcessSpec
 
 
 class StartupError(RuntimeError):
-    """A child exited or never became healthy; the message carries the end of its log."""
+    """A child exited or never became healthy; the message carries its log's first error and
+    last lines."""
 
 
 @dataclass
@@ -31,12 +33,13 @@ class Child:
     def pid(self) -> int:
         return self.process.pid
 
-    def log_tail(self, lines: int = 15) -> str:
+    def log_excerpt(self, lines: int = 15) -> str:
+        """The log's first error (the cause, for a vLLM engine) and its last `lines` lines."""
         try:
             text = self.log_path.read_text(errors="replace")
         except OSError:
             return ""
-        return "\n".join(text.rstrip().splitlines()[-lines:])
+        return failure_excerpt(text, lines)
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:
@@ -83,7 +86,7 @@ class Supervisor:
                     if child.process.returncode is not None:
                         raise StartupError(
                             f"{child.spec.name} exited with status {child.process.returncode} while starting; "
-                            f"end of {child.log_path}:\n{child.log_tail()}"
+                            f"from {child.log_path}:\n{child.log_excerpt()}"
                         )
                     try:
                         async with session.get(
@@ -97,9 +100,9 @@ class Supervisor:
                     return
                 if time.monotonic() > deadline:
                     names = ", ".join(c.spec.name for c in waiting)
-                    tail = waiting[0].log_tail()
+                    excerpt = waiting[0].log_excerpt()
                     raise StartupError(
-                        f"not healthy after {timeout_s:.0f} s: {names}; end of {waiting[0].log_path}:\n{tail}"
+                        f"not healthy after {timeout_s:.0f} s: {names}; from {waiting[0].log_path}:\n{excerpt}"
                     )
                 await asyncio.sleep(0.2)
 
@@ -117,7 +120,7 @@ class Supervisor:
         if code != 0:
             raise StartupError(
                 f"{spec.name} {'timed out' if code is None else f'exited with status {code}'}; "
-                f"end of {child.log_path}:\n{child.log_tail()}"
+                f"from {child.log_path}:\n{child.log_excerpt()}"
             )
 
     async def first_exit(self) -> Child:

@@ -186,7 +186,7 @@ class _Up:
             child = next(iter(done)).result()
             self.console.print(
                 f"[red]{child.spec.name} exited with status {child.process.returncode}[/]; stopping. "
-                f"End of {child.log_path}:\n{child.log_tail()}"
+                f"From {child.log_path}:\n{child.log_excerpt()}"
             )
             return 1
         finally:

@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 import openai
+import zmq
 from openai._legacy_response import LegacyAPIResponse
 from openai.types import Completion
 from prometheus_client.parser import text_string_to_metric_families
@@ -28,6 +29,7 @@ from tandem_process import MODEL_DIR, ROOT, TandemProcess
 from tandem.common.ports import free_port
 from tandem.local.cluster import PortPool, load_cluster
 from tandem.local.devices import probe_machine
+from tandem.local.logs import failure_excerpt
 from tandem.local.plan import LocalOptions, LocalPlan, ProcessSpec, build_plan
 from tandem.router.config import RouterConfig, TrustConfig
 
@@ -179,6 +181,7 @@ class EngineProcess:
         self.spec = spec
         self.log_path = log_dir / f"{spec.name}.log"
         self.proc: subprocess.Popen[bytes] | None = None
+        self.log_start = 0
 
     @property
     def url(self) -> str:
@@ -186,6 +189,7 @@ class EngineProcess:
 
     def start(self) -> None:
         with self.log_path.open("ab") as log:
+            self.log_start = log.tell()
             self.proc = subprocess.Popen(
                 self.spec.argv,
                 env=self.spec.env,
@@ -207,14 +211,20 @@ class EngineProcess:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if not self.alive():
-                raise RuntimeError(f"{self.spec.name} exited while starting:\n{self.log_tail()}")
+                raise RuntimeError(f"{self.spec.name} exited while starting:\n{self.startup_log()}")
             if self.healthy():
                 return
             time.sleep(0.5)
-        raise TimeoutError(f"{self.spec.name} not healthy in {timeout_s} s:\n{self.log_tail()}")
+        raise TimeoutError(f"{self.spec.name} not healthy in {timeout_s} s:\n{self.startup_log()}")
 
-    def log_tail(self, chars: int = 4000) -> str:
-        return self.log_path.read_text(errors="replace")[-chars:]
+    def startup_log(self) -> str:
+        """This start's first error and last lines (an engine restarted appends to its log)."""
+        with self.log_path.open("rb") as log:
+            log.seek(self.log_start)
+            return failure_excerpt(log.read().decode(errors="replace"), tail_lines=30)
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
 
     def signal_group(self, sig: signal.Signals) -> None:
         if self.proc is not None:
@@ -306,9 +316,31 @@ class Router(TandemProcess):
             moved = all(now[u] > before.get(u, -1) for u in now)
             if (moved and still > 0.5) or (now == before and still > 2.0):
                 return
+        probes = {e.url: replay_probe(e.kv_events_replay) for e in self.config.engines}
         raise TimeoutError(
-            f"KV events did not settle: before {before}, now {last}; router log:\n{self.output()}"
+            f"KV events did not settle: before {before}, now {last}; the engines' replay "
+            f"endpoints asked directly: {probes}; router's view: {self.engines()}; "
+            f"router log:\n{self.output()}"
         )
+
+
+def replay_probe(endpoint: str | None, timeout_s: float = 3.0) -> str:
+    """What an engine's KV-event replay endpoint answers a request for everything it buffered,
+    asked from here (tells an engine that stopped publishing from a router that stopped
+    listening)."""
+    if endpoint is None:
+        return "no replay endpoint"
+    with zmq.Context() as context, context.socket(zmq.DEALER) as dealer:
+        dealer.setsockopt(zmq.LINGER, 0)
+        dealer.connect(endpoint)
+        dealer.send_multipart([b"", (0).to_bytes(8, "big")])
+        batches = 0
+        while dealer.poll(int(timeout_s * 1000)):
+            frames = dealer.recv_multipart()
+            if len(frames) < 4 or frames[2] == (-1).to_bytes(8, "big", signed=True):
+                return f"{batches} batches, then the end marker"
+            batches += 1
+        return f"no answer in {timeout_s} s after {batches} batches"
 
 
 class PDCluster:
