@@ -3,6 +3,10 @@
 Frames are `[topic, seq (8-byte big-endian), msgpack [ts, events, dp_rank]]`. On (re)connect and
 whenever a sequence gap shows up, the DEALER replay socket asks for every buffered batch from the
 first missing seq (`[b"", start]` -> `[b"", topic, seq, payload]`... `[b"", b"", -1, b""]`).
+The SUB heartbeats its connection (ZMTP PING/PONG, which the engine's libzmq answers by itself): a
+connection that stops carrying anything, such as a half-open TCP connection to an engine behind a
+network partition, is dropped and dialled again instead of starving that engine's slice of the
+index forever; the first batch after it reveals the gap, and the replay fills it.
 Events are mapped onto the router's own block keys (`blocks.py`): a BlockStored's token ids are
 keyed in a chain continuing from its parent's key, so request keys and event keys always agree.
 """
@@ -158,6 +162,7 @@ class KvEventSubscriber:
         replay_timeout_s: float = 2.0,
         replay_max_s: float = 10.0,
         max_backoff_s: float = 10.0,
+        heartbeat_s: float = 5.0,
     ):
         self.map = block_map
         self.endpoint = endpoint
@@ -167,6 +172,7 @@ class KvEventSubscriber:
         self.replay_timeout_s = replay_timeout_s
         self.replay_max_s = replay_max_s
         self.max_backoff_s = max_backoff_s
+        self.heartbeat_s = heartbeat_s
         self.last_seq: int | None = None
         self.replays = 0
         self.resubscribes = 0
@@ -221,6 +227,9 @@ class KvEventSubscriber:
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.RCVHWM, 100000)
+        # Silent for three heartbeats: the connection is gone whatever TCP still believes.
+        sub.setsockopt(zmq.HEARTBEAT_IVL, int(self.heartbeat_s * 1000))
+        sub.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(self.heartbeat_s * 3000))
         sub.connect(self.endpoint)
         try:
             await self._replay(0 if self.last_seq is None else self.last_seq + 1)

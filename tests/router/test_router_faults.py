@@ -1,5 +1,6 @@
 """Recovery from faults against real emulator engines: a KV-event sequence gap healed through the
-replay socket, and a stalled decode stream ended by the router's idle timeout."""
+replay socket, a KV-event connection that went silent redialled by its heartbeat, and a stalled
+decode stream ended by the router's idle timeout."""
 
 from __future__ import annotations
 
@@ -34,7 +35,6 @@ class _LossySocket(zmq.asyncio.Socket):
         assert isinstance(context, LossyContext)
         while True:
             frames: list[bytes] = await super().recv_multipart(*args, **kwargs)
-            context.received += 1
             if context.drop_next and len(frames) >= 3 and decode_payload(frames[-1])[1]:
                 context.drop_next = False
                 context.dropped.append(int.from_bytes(frames[-2], "big", signed=True))
@@ -45,7 +45,6 @@ class _LossySocket(zmq.asyncio.Socket):
 class LossyContext(zmq.asyncio.Context):
     _socket_class = _LossySocket
     drop_next: bool = False
-    received: int = 0
     dropped: list[int]
 
 
@@ -56,6 +55,29 @@ async def wait_for(condition: Any, within_s: float = 10.0) -> bool:
             return True
         await asyncio.sleep(0.05)
     return bool(condition())
+
+
+class IndexProbe:
+    """How many of a prompt's blocks the index holds for `engine`, against how many it has."""
+
+    def __init__(self, engine: Engine, index: PrefixIndex) -> None:
+        self.engine, self.index = engine, index
+        self.featurizer = Featurizer(16, str(MODEL_DIR))
+
+    def keys(self, prompt: str) -> list[Any]:
+        return list(self.featurizer.of_body({"prompt": prompt}, chat=False).keys)
+
+    def cached(self, prompt: str) -> int:
+        keys = self.keys(prompt)
+        return self.index.match(keys, [self.engine.url]).get(self.engine.url, 0) if keys else 0
+
+    def full(self, prompt: str) -> bool:
+        return self.cached(prompt) == len(self.keys(prompt))
+
+
+async def complete(client: httpx.AsyncClient, prompt: str) -> None:
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": 1}
+    assert (await client.post("/v1/completions", json=body)).status_code == 200
 
 
 async def test_sequence_gap_is_replayed_into_the_index() -> None:
@@ -71,56 +93,135 @@ async def test_sequence_gap_is_replayed_into_the_index() -> None:
         context,
         router_metrics,
     )
-    featurizer = Featurizer(16, str(MODEL_DIR))
-
-    def cached(prompt: str) -> int:
-        keys = featurizer.of_body({"prompt": prompt}, chat=False).keys
-        return index.match(keys, [engine.url]).get(engine.url, 0) if keys else 0
-
-    def full(prompt: str) -> int:
-        return len(featurizer.of_body({"prompt": prompt}, chat=False).keys)
+    probe = IndexProbe(engine, index)
 
     with running(engine):
         subscriber.start()
         try:
             async with httpx.AsyncClient(base_url=engine.url, timeout=30) as client:
-
-                async def complete(prompt: str) -> None:
-                    body = {"model": "tiny", "prompt": prompt, "max_tokens": 1}
-                    assert (await client.post("/v1/completions", json=body)).status_code == 200
-
                 first, lost, after = (f"{tag}: {LONG}" for tag in ("first", "lost", "after"))
-                await complete(first)
-                assert await wait_for(lambda: cached(first) == full(first))
+                await complete(client, first)
+                assert await wait_for(lambda: probe.full(first))
                 assert subscriber.replays == 1  # the replay on connect
-                for attempt in range(20):  # until the SUB has joined (ZMQ's slow joiner)
-                    if context.received:
+                lag = router_metrics.child(router_metrics.kv_event_lag, engine.url)
+                # until a batch is applied live: the SUB has joined (ZMQ's slow joiner), and the
+                # replay on connect, which may deliver the same batches first, is behind it
+                for attempt in range(20):
+                    if sum(lag.counts):
                         break
-                    await complete(f"warm-up {attempt}: {LONG}")
+                    await complete(client, f"warm-up {attempt}: {LONG}")
                     await asyncio.sleep(0.1)
-                assert context.received
+                assert sum(lag.counts)
                 await asyncio.sleep(0.3)  # let every earlier batch land before arming the loss
 
                 context.drop_next = True
-                await complete(lost)
+                await complete(client, lost)
                 assert await wait_for(lambda: bool(context.dropped))
                 await asyncio.sleep(0.2)
-                assert cached(lost) == 0  # its BlockStored batch never reached the index
+                assert probe.cached(lost) == 0  # its BlockStored batch never reached the index
 
-                await complete(after)  # the next batch reveals the gap
-                assert await wait_for(lambda: cached(after) == full(after))
+                await complete(client, after)  # the next batch reveals the gap
+                assert await wait_for(lambda: probe.full(after))
                 assert subscriber.replays == 2
-                assert cached(lost) == full(lost)  # recovered from the replay socket
+                assert probe.full(lost)  # recovered from the replay socket
                 assert subscriber.last_seq is not None
                 assert subscriber.last_seq > context.dropped[0]
                 # live batches only: a replayed batch (the lost one, and the one that revealed
                 # the gap, applied by the replay) is old by nature and not counted
-                lag = router_metrics.child(router_metrics.kv_event_lag, engine.url)
                 live = sum(lag.counts)
                 assert 1 <= live <= subscriber.last_seq + 1 - 2
                 assert 0 <= lag.sum < live * 1.0  # each within a second on loopback
         finally:
             await subscriber.stop()
+            context.term()
+
+
+class BlackHoleRelay:
+    """A TCP relay to a port whose open connections can be made to swallow everything, both
+    ways, while staying open: a network partition that neither end's TCP notices. Connections
+    opened afterwards are relayed again."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.connections = 0
+        self._generation = 0
+        self._server: asyncio.Server | None = None
+        self._writers: list[asyncio.StreamWriter] = []
+
+    async def start(self) -> str:
+        self._server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
+        return f"tcp://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+
+    def swallow_open_connections(self) -> None:
+        self._generation += 1
+
+    async def stop(self) -> None:
+        for writer in self._writers:
+            writer.close()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        generation = self._generation
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+        self._writers += [writer, up_writer]
+
+        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+            while data := await source.read(65536):
+                if generation == self._generation:
+                    sink.write(data)
+                    await sink.drain()
+            sink.close()
+
+        await asyncio.gather(
+            pipe(reader, up_writer), pipe(up_reader, writer), return_exceptions=True
+        )
+
+
+async def test_a_kv_event_connection_gone_silent_is_redialled_by_its_heartbeat() -> None:
+    engine = Engine(None, speedup=50, kv_events=True)
+    assert engine.events is not None
+    relay = BlackHoleRelay(int(engine.events.rsplit(":", 1)[1]))
+    context = zmq.asyncio.Context()
+    index = PrefixIndex()
+    with running(engine):
+        subscriber = KvEventSubscriber(
+            EngineBlockMap(engine.url, index, 16),
+            await relay.start(),
+            engine.replay,
+            context,
+            heartbeat_s=0.2,
+        )
+        probe = IndexProbe(engine, index)
+        subscriber.start()
+        try:
+            async with httpx.AsyncClient(base_url=engine.url, timeout=30) as client:
+                live = f"live: {LONG}"
+                for attempt in range(20):  # until a live batch arrives (ZMQ's slow joiner)
+                    await complete(client, f"{attempt} {live}")
+                    if await wait_for(lambda a=attempt: probe.full(f"{a} {live}"), 0.5):
+                        break
+                assert subscriber.last_seq is not None
+
+                relay.swallow_open_connections()
+                lost = f"lost: {LONG}"
+                await complete(client, lost)
+                await asyncio.sleep(0.2)
+                assert probe.cached(lost) == 0  # swallowed on the way
+                # three silent heartbeats later the SUB hangs up and dials again
+                assert await wait_for(lambda: relay.connections >= 2, 5.0), relay.connections
+                for attempt in range(20):  # a batch on the new connection reveals the gap
+                    await complete(client, f"after {attempt}: {LONG}")
+                    if await wait_for(lambda: probe.full(lost), 0.5):
+                        break
+                assert probe.full(lost)  # replayed
+                assert subscriber.replays >= 2
+                assert subscriber.resubscribes == 0  # ZMQ redialled under the same socket
+        finally:
+            await subscriber.stop()
+            await relay.stop()
             context.term()
 
 
