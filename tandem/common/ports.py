@@ -1,15 +1,14 @@
 """Free TCP ports on the loopback interface, for local processes and the suites that start them.
 
-Ports are drawn below the kernel's ephemeral range (`net.ipv4.ip_local_port_range`). A port from
+Ports are drawn outside the kernel's ephemeral range (`net.ipv4.ip_local_port_range`). A port from
 that range is also what the kernel gives every outgoing connection, so one picked now can be taken
 before the process it is meant for binds it: a vLLM engine binds its KV-event and NIXL ports tens
 of seconds after it is planned, while the engines beside it open connections by the hundred. A
-port below the range is only ever taken by an explicit bind.
+port outside the range is only ever taken by an explicit bind.
 """
 
 from __future__ import annotations
 
-import contextlib
 import random
 import socket
 from pathlib import Path
@@ -66,5 +65,5 @@ def bound_free_port(host: str = "127.0.0.1") -> socket.socket:
 def free_port(host: str = "127.0.0.1") -> int:
     """A port nothing is bound to at `host` right now, outside the ephemeral range (only another
     explicit bind can take it before the caller's)."""
-    with contextlib.closing(bound_free_port(host)) as sock:
+    with bound_free_port(host) as sock:
         return int(sock.getsockname()[1])
