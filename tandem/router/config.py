@@ -143,6 +143,10 @@ class RouterConfig(_Strict):
     index_max_blocks_per_engine: int = Field(262144, ge=16, alias="indexMaxBlocksPerEngine")
     # Subscribe to engines' KV events (exact index); off = approximate index from routing history.
     kv_events: bool = Field(True, alias="kvEvents")
+    # Start-up waits this long at most, before serving, for discovery's first listing and each
+    # engine's first KV-event replay: a router that served at once would take its first requests
+    # for cold prefixes that the engines already hold.
+    catch_up_s: float = Field(15.0, ge=0, alias="catchUpSeconds")
     log_level: str = Field("info", alias="logLevel")
     api_keys: list[str] = Field(default_factory=list, alias="apiKeys")
     auth: AuthConfig = Field(default_factory=AuthConfig)

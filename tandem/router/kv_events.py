@@ -7,6 +7,10 @@ The SUB heartbeats its connection (ZMTP PING/PONG, which the engine's libzmq ans
 connection that stops carrying anything, such as a half-open TCP connection to an engine behind a
 network partition, is dropped and dialled again instead of starving that engine's slice of the
 index forever; the first batch after it reveals the gap, and the replay fills it.
+The engine streams a replay through a ROUTER socket, which drops whatever overflows its send queue
+(1,000 messages in vLLM) without a word, so a replay of a long buffer can arrive with holes or
+without its end marker: the subscriber applies batches strictly in order and asks again from the
+first one missing, until the end marker arrives after an unbroken run.
 Events are mapped onto the router's own block keys (`blocks.py`): a BlockStored's token ids are
 keyed in a chain continuing from its parent's key, so request keys and event keys always agree.
 """
@@ -174,7 +178,12 @@ class KvEventSubscriber:
         self.max_backoff_s = max_backoff_s
         self.heartbeat_s = heartbeat_s
         self.last_seq: int | None = None
+        # Set once the first replay after start has ended, whatever its outcome: the router
+        # serves only after this (or its start-up bound), so it never predicts from an index that
+        # has not yet heard what the engine already holds.
+        self.caught_up = asyncio.Event()
         self.replays = 0
+        self.replay_rounds = 0
         self.resubscribes = 0
         self.bad_batches = 0
         self._task: asyncio.Task[None] | None = None
@@ -216,6 +225,7 @@ class KvEventSubscriber:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
+                self.caught_up.set()
                 self.resubscribes += 1
                 self._count("subscription")
                 log.warning("KV events from %s failed (%r); subscribing again", self.endpoint, exc)
@@ -232,7 +242,8 @@ class KvEventSubscriber:
         sub.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(self.heartbeat_s * 3000))
         sub.connect(self.endpoint)
         try:
-            await self._replay(0 if self.last_seq is None else self.last_seq + 1)
+            await self._replay()
+            self.caught_up.set()
             while True:
                 frames = await sub.recv_multipart()
                 if len(frames) < 3 or len(frames[-2]) != 8:
@@ -250,34 +261,77 @@ class KvEventSubscriber:
                 self.last_seq = None
             else:
                 return
-        elif last is not None and seq > last + 1:
-            await self._replay(last + 1)
+        elif seq > (0 if last is None else last + 1):
+            # A gap, or (nothing applied yet) a replay on connect that went unanswered.
+            await self._replay()
             if self.last_seq is not None and seq <= self.last_seq:
                 return
         self._accept(seq, payload, live=True)
 
-    async def _replay(self, start: int) -> None:
-        """Applies the engine's buffered batches from `start`, for at most `replay_max_s`."""
+    async def _replay(self) -> None:
+        """Applies the engine's buffered batches after the last one applied, for at most
+        `replay_max_s`: rounds of `_replay_round` until one ends cleanly or one brings nothing."""
         if not self.replay_endpoint:
             return
         self.replays += 1
-        dealer = self.context.socket(zmq.DEALER)
-        dealer.setsockopt(zmq.LINGER, 0)
-        dealer.connect(self.replay_endpoint)
         try:
             async with asyncio.timeout(self.replay_max_s):
-                await dealer.send_multipart([b"", start.to_bytes(8, "big")])
                 while True:
-                    frames = await asyncio.wait_for(dealer.recv_multipart(), self.replay_timeout_s)
-                    if len(frames) < 4 or frames[2] == _END_SEQ:
+                    self.replay_rounds += 1
+                    before = self.last_seq
+                    if await self._replay_round():
                         return
-                    if len(frames[2]) != 8:
-                        self._count("batch")
-                        continue
-                    seq = int.from_bytes(frames[2], "big", signed=True)
-                    if self.last_seq is None or seq > self.last_seq:
-                        self._accept(seq, frames[3])
+                    if self.last_seq == before:
+                        log.info("KV-event replay from %s: no answer", self.replay_endpoint)
+                        return
         except TimeoutError:
             log.info("KV-event replay from %s timed out", self.replay_endpoint)
+
+    async def _replay_round(self) -> bool:
+        """One request for every buffered batch after the last applied, on a connection of its
+        own; True if it ended with the end marker after an unbroken run.
+
+        Batches are applied only in order. The first may come later than asked for (the
+        engine's buffer no longer reaches back that far, which no retry can change); after it,
+        a batch out of order is a hole the engine's send queue made, and ends the round: the
+        next asks again from the hole, and closing this connection discards the rest of the
+        stream.
+        """
+        assert self.replay_endpoint is not None
+        start = 0 if self.last_seq is None else self.last_seq + 1
+        dealer = self.context.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        # Take the stream as fast as it comes: whatever backs up here backs up into the engine's
+        # send queue, which drops it.
+        dealer.setsockopt(zmq.RCVHWM, 0)
+        dealer.connect(self.replay_endpoint)
+        try:
+            await dealer.send_multipart([b"", start.to_bytes(8, "big")])
+            expected: int | None = None  # once a batch of this round is applied: the next one
+            while True:
+                try:
+                    frames = await asyncio.wait_for(dealer.recv_multipart(), self.replay_timeout_s)
+                except TimeoutError:
+                    return False
+                if len(frames) < 4 or frames[2] == _END_SEQ:
+                    return True
+                if len(frames[2]) != 8:
+                    self._count("batch")
+                    continue
+                seq = int.from_bytes(frames[2], "big", signed=True)
+                if seq < (start if expected is None else expected):
+                    continue  # applied already
+                if expected is not None and seq > expected:
+                    return False
+                if expected is None and seq > start:
+                    log.info(
+                        "KV-event replay from %s starts at batch %d, not %d: the engine's buffer "
+                        "no longer holds the batches between",
+                        self.replay_endpoint,
+                        seq,
+                        start,
+                    )
+                self._accept(seq, frames[3])
+                expected = seq + 1
         finally:
             dealer.close(0)

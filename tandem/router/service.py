@@ -85,6 +85,7 @@ class RouterService:
             )
             self._watcher.start()
         self.monitor.start()
+        await self._catch_up()
         self.port = await self.server.start(self.config.host, self.config.port, self.reuse_port)
         if self.admin_server is not None and self.config.trust.admin_port is not None:
             self.admin_port = await self.admin_server.start(
@@ -103,6 +104,35 @@ class RouterService:
         gc.collect()
         gc.freeze()
         return self.port
+
+    async def _catch_up(self) -> None:
+        """Waits, for at most `catchUpSeconds`, for discovery's first listing of the engines and
+        then for each KV-event subscriber's first replay. Until then the port is not bound, so
+        neither a load balancer nor, for a router of several processes, the kernel can hand this
+        process a request it would route as if the engines' caches were cold."""
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(self.config.catch_up_s):
+                if self._watcher is not None:
+                    await self._watcher.synced.wait()
+                for subscriber in list(self.subscribers.values()):
+                    await subscriber.caught_up.wait()
+        except TimeoutError:
+            behind = [url for url, s in self.subscribers.items() if not s.caught_up.is_set()]
+            log.warning(
+                "serving after %.0f s without %s",
+                self.config.catch_up_s,
+                "the first listing of engines"
+                if self._watcher is not None and not self._watcher.synced.is_set()
+                else f"the KV events of {', '.join(behind)} caught up",
+            )
+            return
+        if self.subscribers:
+            log.info(
+                "KV events of %d engines caught up in %.2f s",
+                len(self.subscribers),
+                time.monotonic() - started,
+            )
 
     async def stop(self) -> None:
         if self._watcher is not None:

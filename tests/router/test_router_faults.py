@@ -102,7 +102,7 @@ async def test_sequence_gap_is_replayed_into_the_index() -> None:
                 first, lost, after = (f"{tag}: {LONG}" for tag in ("first", "lost", "after"))
                 await complete(client, first)
                 assert await wait_for(lambda: probe.full(first))
-                assert subscriber.replays == 1  # the replay on connect
+                assert subscriber.replays >= 1  # the replay on connect
                 lag = router_metrics.child(router_metrics.kv_event_lag, engine.url)
                 # until a batch is applied live: the SUB has joined (ZMQ's slow joiner), and the
                 # replay on connect, which may deliver the same batches first, is behind it
@@ -113,6 +113,7 @@ async def test_sequence_gap_is_replayed_into_the_index() -> None:
                     await asyncio.sleep(0.1)
                 assert sum(lag.counts)
                 await asyncio.sleep(0.3)  # let every earlier batch land before arming the loss
+                replays = subscriber.replays
 
                 context.drop_next = True
                 await complete(client, lost)
@@ -122,7 +123,7 @@ async def test_sequence_gap_is_replayed_into_the_index() -> None:
 
                 await complete(client, after)  # the next batch reveals the gap
                 assert await wait_for(lambda: probe.full(after))
-                assert subscriber.replays == 2
+                assert subscriber.replays == replays + 1
                 assert probe.full(lost)  # recovered from the replay socket
                 assert subscriber.last_seq is not None
                 assert subscriber.last_seq > context.dropped[0]
