@@ -51,6 +51,7 @@ NOT_EXPOSED = {
     "render_url",
     "render_mode",
     "pending_ttl_s",
+    "catch_up_s",
 }
 POLICY = ("scoring", "disaggregation", "admission", "timeouts")
 
