@@ -54,6 +54,7 @@ def test_vllm_serves_under_the_rendered_engine_context(pd_cluster: PDCluster) ->
         VLLM_PYTHON, "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(MODEL), "--load-format", "dummy", "--served-model-name", "tiny",
         "--block-size", "32", "--enforce-eager", "--max-model-len", "512",
+        "--dtype", "float32",  # as examples/tiny-vllm.yaml says why: no AMX attention kernel
         "--host", "127.0.0.1", "--port", str(port),
     ]  # fmt: skip
     assert "--api-key" not in container["args"]
