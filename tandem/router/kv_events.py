@@ -10,7 +10,8 @@ index forever; the first batch after it reveals the gap, and the replay fills it
 The engine streams a replay through a ROUTER socket, which drops whatever overflows its send queue
 (1,000 messages in vLLM) without a word, so a replay of a long buffer can arrive with holes or
 without its end marker: the subscriber applies batches strictly in order and asks again from the
-first one missing, until the end marker arrives after an unbroken run.
+first one missing (or asks again, when a request goes unanswered), until the end marker arrives
+after an unbroken run.
 Events are mapped onto the router's own block keys (`blocks.py`): a BlockStored's token ids are
 keyed in a chain continuing from its parent's key, so request keys and event keys always agree.
 """
@@ -269,23 +270,39 @@ class KvEventSubscriber:
         self._accept(seq, payload, live=True)
 
     async def _replay(self) -> None:
-        """Applies the engine's buffered batches after the last one applied, for at most
-        `replay_max_s`: rounds of `_replay_round` until one ends cleanly or one brings nothing."""
+        """Applies the engine's buffered batches after the last one applied: rounds of
+        `_replay_round` until one ends cleanly, for at most `replay_max_s`. A round that brings
+        nothing is asked again as well: a busy engine, or this process still starting, can leave
+        a request unanswered past `replay_timeout_s`, and a replay given up leaves its batches out
+        of the index for good (for the first replay, everything the engine already held)."""
         if not self.replay_endpoint:
             return
         self.replays += 1
+        started, rounds, first = time.monotonic(), self.replay_rounds, self.last_seq
         try:
             async with asyncio.timeout(self.replay_max_s):
                 while True:
                     self.replay_rounds += 1
-                    before = self.last_seq
                     if await self._replay_round():
-                        return
-                    if self.last_seq == before:
-                        log.info("KV-event replay from %s: no answer", self.replay_endpoint)
-                        return
+                        break
         except TimeoutError:
-            log.info("KV-event replay from %s timed out", self.replay_endpoint)
+            log.warning(
+                "KV-event replay from %s unfinished after %.0f s (%d rounds, last batch %s)",
+                self.replay_endpoint,
+                self.replay_max_s,
+                self.replay_rounds - rounds,
+                self.last_seq,
+            )
+            return
+        log.info(
+            "KV-event replay from %s: %s in %d rounds, %.2f s",
+            self.replay_endpoint,
+            "nothing new"
+            if self.last_seq == first
+            else f"batches {0 if first is None else first + 1} to {self.last_seq}",
+            self.replay_rounds - rounds,
+            time.monotonic() - started,
+        )
 
     async def _replay_round(self) -> bool:
         """One request for every buffered batch after the last applied, on a connection of its

@@ -19,7 +19,8 @@ The engines as the router sees them (`GET /engines`) are one list over the worke
 (`merge_engine_views`): each process probes, counts and indexes on its own, so per engine
 
     healthy   = healthy in every process        in_flight = sum over processes
-    *_blocks  = max over processes              kv_events_replays, _resubscribes = sums
+    *_blocks  = max over processes              kv_events_replays, _replay_rounds,
+                                                _resubscribes = sums
     kv_events_last_seq = max over processes     the scraped figures: the first process's
 
 (the block counts are copies of one index fed by the same KV events, so their maximum is its
@@ -78,7 +79,7 @@ def restart_delay(exits: Sequence[float], now: float) -> float:
 
 
 # Per-process figures of an engine that `merge_engine_views` combines, and how.
-_SUMMED = ("in_flight", "kv_events_replays", "kv_events_resubscribes")
+_SUMMED = ("in_flight", "kv_events_replays", "kv_events_replay_rounds", "kv_events_resubscribes")
 _LARGEST = ("indexed_blocks", "history_blocks", "kv_events_last_seq")
 _PER_PROCESS = ("healthy", "in_flight", "indexed_blocks", "history_blocks", "kv_events_last_seq")
 

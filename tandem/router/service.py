@@ -279,6 +279,7 @@ class RouterService:
             "history_blocks": self.state.approx_index.size(engine.id),
             "kv_events_last_seq": subscriber.last_seq if subscriber else None,
             "kv_events_replays": subscriber.replays if subscriber else None,
+            "kv_events_replay_rounds": subscriber.replay_rounds if subscriber else None,
             "kv_events_resubscribes": subscriber.resubscribes if subscriber else None,
         }
 

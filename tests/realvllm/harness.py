@@ -147,10 +147,15 @@ def measure(
     return rows
 
 
-def assert_parity(rows: list[tuple[int, int, int]]) -> None:
+def assert_parity(rows: list[tuple[int, int, int]], routers: list[Router]) -> None:
     """vLLM always recomputes a prompt's last token, so a prompt of whole blocks hits one block
-    fewer than it has: predictions match within one block."""
-    assert all(abs(predicted - hit) <= 1 for predicted, hit, _ in rows), rows
+    fewer than it has: predictions match within one block. A mismatch shows what the `routers`
+    saw and logged."""
+    if not all(abs(predicted - hit) <= 1 for predicted, hit, _ in rows):
+        views = "".join(
+            f"\n{r.name}'s view: {r.engines()}\n{r.name}'s log:\n{r.output()}" for r in routers
+        )
+        raise AssertionError(f"predicted and engine hits differ: {rows}{views}")
     assert sum(hit for _, hit, _ in rows) >= 2 * len(rows), f"too few hits to mean anything: {rows}"
 
 

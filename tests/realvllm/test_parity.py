@@ -41,7 +41,7 @@ def test_completions_prefix_hits_match_the_engine_per_request(
     bodies = [completion(SYSTEM + q) for q in questions]
     bodies += [completion(SYSTEM + questions[0] + " and a follow-up that extends it." * 4)]
     bodies += [completion(SYSTEM + questions[1])]  # an exact repeat
-    assert_parity(measure(pd, [router], "/v1/completions", bodies))
+    assert_parity(measure(pd, [router], "/v1/completions", bodies), [router])
 
 
 def test_chat_prefix_hits_match_the_engine_per_request_with_a_llama3_template(
@@ -50,4 +50,4 @@ def test_chat_prefix_hits_match_the_engine_per_request_with_a_llama3_template(
     bodies = [chat(conversation(f"Question {i}: what is cached?")) for i in range(3)]
     bodies += [chat(conversation("And now?", "Question 0: what is cached?"))]
     bodies += [chat(conversation("Question 1: what is cached?"))]  # an exact repeat
-    assert_parity(measure(pd, [router], "/v1/chat/completions", bodies))
+    assert_parity(measure(pd, [router], "/v1/chat/completions", bodies), [router])

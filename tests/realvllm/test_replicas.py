@@ -41,7 +41,7 @@ def test_a_conversation_alternating_between_two_replicas_is_predicted_by_both(
 ) -> None:
     # Turn i goes through replica i % 2: every turn after the first extends what the other
     # replica sent, which this one learnt only from the engines' KV events.
-    assert_parity(measure(pd, two_replicas, "/v1/chat/completions", turns()))
+    assert_parity(measure(pd, two_replicas, "/v1/chat/completions", turns()), two_replicas)
 
 
 def test_a_router_of_two_processes_predicts_from_either_process(
@@ -50,7 +50,8 @@ def test_a_router_of_two_processes_predicts_from_either_process(
     router = pd.router("two-processes", tokenizer=str(model_dir), processes=2)
     try:
         # Each request opens a connection of its own; the kernel spreads them over the processes.
-        assert_parity(measure(pd, [router], "/v1/chat/completions", turns("Again: ")))
+        rows = measure(pd, [router], "/v1/chat/completions", turns("Again: "))
+        assert_parity(rows, [router])
         for engine in router.engines():
             seen = engine["processes"]
             assert sorted(seen) == ["0", "1"], engine

@@ -62,8 +62,9 @@ def stored_batches(count: int) -> list[tuple[int, bytes]]:
 
 class ReplayServer:
     """An engine's KV-event endpoints holding `batches`: a PUB that publishes nothing, and a
-    replay ROUTER that answers after `delay_s`, sending one batch every `interval_s` (0: in a
-    tight loop, as vLLM does) through a send queue of `send_queue` messages."""
+    replay ROUTER that leaves its first `unanswered` requests unanswered and answers the rest
+    after `delay_s`, sending one batch every `interval_s` (0: in a tight loop, as vLLM does)
+    through a send queue of `send_queue` messages."""
 
     def __init__(
         self,
@@ -71,11 +72,12 @@ class ReplayServer:
         send_queue: int = 1000,
         delay_s: float = 0.0,
         interval_s: float = 0.0,
+        unanswered: int = 0,
         events: str | None = None,
         replay: str | None = None,
     ) -> None:
         self.batches = batches
-        self.delay_s, self.interval_s = delay_s, interval_s
+        self.delay_s, self.interval_s, self.unanswered = delay_s, interval_s, unanswered
         self.context = zmq.Context()
         self.pub = self.context.socket(zmq.PUB)
         self.router = self.context.socket(zmq.ROUTER)
@@ -105,6 +107,8 @@ class ReplayServer:
                 continue
             identity, _, start = self.router.recv_multipart()
             self.starts.append(int.from_bytes(start, "big"))
+            if len(self.starts) <= self.unanswered:
+                continue
             if self._stop.wait(self.delay_s):
                 return
             for seq, payload in self.batches:
@@ -146,17 +150,43 @@ async def test_a_replay_the_engine_drops_batches_of_arrives_whole() -> None:
     assert server.starts[0] == 0
 
 
+async def test_a_replay_request_left_unanswered_is_asked_again() -> None:
+    # A busy engine can sit on a request past the subscriber's wait; the batches it holds are
+    # what the router must know before it serves.
+    batches = stored_batches(50)
+    with ReplayServer(batches, unanswered=2) as server:
+        context = zmq.asyncio.Context()
+        subscriber = KvEventSubscriber(
+            EngineBlockMap("http://engine", PrefixIndex(), 16),
+            server.events,
+            server.replay,
+            context,
+            replay_timeout_s=0.3,
+        )
+        subscriber.start()
+        try:
+            await asyncio.wait_for(subscriber.caught_up.wait(), 10)
+        finally:
+            await subscriber.stop()
+            context.term()
+    assert server.starts == [0, 0, 0]
+    assert subscriber.last_seq == len(batches) - 1
+    assert subscriber.replay_rounds == 3
+
+
 async def test_a_replay_that_went_unanswered_is_asked_again_at_the_first_live_batch() -> None:
     events, replay = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
     batches = stored_batches(20)
     context = zmq.asyncio.Context()
-    # Nothing listens yet when the subscriber connects and asks for its replay.
+    # Nothing listens yet when the subscriber connects and asks for its replay, nor for as
+    # long as it keeps asking.
     subscriber = KvEventSubscriber(
         EngineBlockMap("http://engine", PrefixIndex(), 16),
         events,
         replay,
         context,
         replay_timeout_s=0.3,
+        replay_max_s=1.0,
     )
     subscriber.start()
     try:
