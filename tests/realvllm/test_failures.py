@@ -50,7 +50,15 @@ def test_prefill_killed_after_its_answer_still_answers_the_client(
         )
         assert warm.usage is not None
         before = metrics_of(pd.decode.url)
-        standin.arm(pd.prefill.kill)
+
+        def kill_prefill() -> None:
+            pd.prefill.kill()
+            # A pull the decode engine posts before its transport has seen the peer's death waits
+            # in vLLM 0.32 for ever (docs/reliability.md): the client gets the router's 504 after
+            # decodeIdleSeconds. This test is about a pull that meets a peer known to be dead.
+            time.sleep(1.0)
+
+        standin.arm(kill_prefill)
         started = time.monotonic()
         raw = stream_completion(router.url, PROMPT + "after the kill", 8)
         chunks = list(raw.parse())
