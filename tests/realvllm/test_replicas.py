@@ -50,8 +50,7 @@ def test_a_router_of_two_processes_predicts_from_either_process(
     router = pd.router("two-processes", tokenizer=str(model_dir), processes=2)
     try:
         # Each request opens a connection of its own; the kernel spreads them over the processes.
-        rows = measure(pd, [router], "/v1/chat/completions", turns("Again: "))
-        assert_parity(rows, [router])
+        assert_parity(measure(pd, [router], "/v1/chat/completions", turns("Again: ")), [router])
         for engine in router.engines():
             seen = engine["processes"]
             assert sorted(seen) == ["0", "1"], engine

@@ -122,10 +122,14 @@ class ReplayServer:
 
 
 @contextmanager
-def subscribed(server: ReplayServer) -> Iterator[KvEventSubscriber]:
+def subscribed(server: ReplayServer, replay_timeout_s: float = 2.0) -> Iterator[KvEventSubscriber]:
     context = zmq.asyncio.Context()
     subscriber = KvEventSubscriber(
-        EngineBlockMap("http://engine", PrefixIndex(), 16), server.events, server.replay, context
+        EngineBlockMap("http://engine", PrefixIndex(), 16),
+        server.events,
+        server.replay,
+        context,
+        replay_timeout_s=replay_timeout_s,
     )
     try:
         yield subscriber
@@ -154,21 +158,15 @@ async def test_a_replay_request_left_unanswered_is_asked_again() -> None:
     # A busy engine can sit on a request past the subscriber's wait; the batches it holds are
     # what the router must know before it serves.
     batches = stored_batches(50)
-    with ReplayServer(batches, unanswered=2) as server:
-        context = zmq.asyncio.Context()
-        subscriber = KvEventSubscriber(
-            EngineBlockMap("http://engine", PrefixIndex(), 16),
-            server.events,
-            server.replay,
-            context,
-            replay_timeout_s=0.3,
-        )
+    with (
+        ReplayServer(batches, unanswered=2) as server,
+        subscribed(server, replay_timeout_s=0.3) as subscriber,
+    ):
         subscriber.start()
         try:
             await asyncio.wait_for(subscriber.caught_up.wait(), 10)
         finally:
             await subscriber.stop()
-            context.term()
     assert server.starts == [0, 0, 0]
     assert subscriber.last_seq == len(batches) - 1
     assert subscriber.replay_rounds == 3
