@@ -23,7 +23,7 @@ NGINX = os.environ.get("NGINX", shutil.which("nginx") or "/usr/sbin/nginx")
 WRK = os.environ.get("WRK", shutil.which("wrk") or "/usr/bin/wrk")
 MODEL = "tiny"
 
-# What vLLM 0.32 answers for a one-token completion (fields as in /work/shared/golden).
+# What vLLM 0.32 answers for a one-token completion (fields as in tests/fixtures/vllm-0.32/single).
 COMPLETION = json.dumps(
     {
         "id": "cmpl-0123456789abcdef0123456789abcdef",

@@ -40,7 +40,7 @@ from urllib.request import urlopen
 import aiohttp
 
 ROOT = Path(__file__).resolve().parents[1]
-MODEL_DIR = Path(os.environ.get("TANDEM_GOLDEN", ROOT.parent / "shared" / "golden")) / "model"
+MODEL_DIR = ROOT / "tests" / "fixtures" / "vllm-0.32" / "model"
 MODEL = "tiny"
 ENGINE_ARGS = [
     "--model", str(MODEL_DIR), "--load-format", "dummy", "--served-model-name", MODEL,

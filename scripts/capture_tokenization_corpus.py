@@ -3,7 +3,7 @@
     flock /tmp/tandem-realvllm.lock "$(scripts/ensure-vllm.sh)" scripts/capture_tokenization_corpus.py
 
 1. Builds one small tokenizer per chat template under tests/router/fixtures/tokenization/models/:
-   the golden test model's byte-level BPE (../shared/golden/model/tokenizer.json) plus the
+   the test model's byte-level BPE (tests/fixtures/vllm-0.32/model/tokenizer.json) plus the
    template's special tokens, with bos/eos/pad as the template's model family sets them and the
    template stored the way that family ships it (tokenizer_config.json string, a list of named
    templates, or chat_template.jinja).
@@ -29,7 +29,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests/router/fixtures/tokenization"
-GOLDEN = Path(os.environ.get("TANDEM_GOLDEN", ROOT.parent / "shared/golden")) / "model"
+GOLDEN = ROOT / "tests" / "fixtures" / "vllm-0.32" / "model"
 DEFAULT_KWARGS = {"date_string": "26 Jul 2024"}
 
 

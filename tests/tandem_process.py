@@ -14,8 +14,9 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
-# Beside the checkout; TANDEM_GOLDEN names them for a checkout elsewhere (a git worktree).
-GOLDEN = Path(os.environ.get("TANDEM_GOLDEN", ROOT.parent / "shared" / "golden"))
+# Real vLLM 0.32's transcripts, KV-event frames, P/D exchanges and the tiny model
+# (tests/fixtures/vllm-0.32/README.md says how they were captured).
+GOLDEN = ROOT / "tests" / "fixtures" / "vllm-0.32"
 MODEL_DIR = GOLDEN / "model"
 
 

@@ -1,4 +1,4 @@
-"""The streaming client and the metrics reader on real vLLM 0.32 output (shared/golden transcripts).
+"""The streaming client and the metrics reader on real vLLM 0.32 output (tests/fixtures/vllm-0.32).
 
 A small aiohttp server replays the captured SSE bodies byte for byte, so the client meets exactly
 what vLLM sent, including tokens whose text is empty and chunks carrying several tokens.
@@ -14,11 +14,6 @@ from tandem_process import GOLDEN
 
 from tandem.bench.client import RequestResult, send
 from tandem.bench.sampler import KEPT_BUCKETS, flatten
-
-# Beside the repository, as the other suites find them.
-pytestmark = pytest.mark.skipif(
-    not GOLDEN.is_dir(), reason="the golden vLLM transcripts are not on this machine"
-)
 
 STREAMS = {
     "/v1/completions": GOLDEN / "single" / "07_completions_stream.sse",

@@ -8,7 +8,7 @@ import json
 
 import msgspec
 import pytest
-from tandem_process import GOLDEN as SHARED_GOLDEN
+from tandem_process import GOLDEN
 
 from tandem.common.block_hash import (
     DEFAULT_NONE_HASH_SEED,
@@ -21,11 +21,8 @@ from tandem.common.block_hash import (
     serializer,
 )
 
-KV = SHARED_GOLDEN / "kv_events"
-pytestmark = [
-    pytest.mark.skipif(not KV.exists(), reason="golden captures not present"),
-    pytest.mark.timeout(30),
-]
+KV = GOLDEN / "kv_events"
+pytestmark = pytest.mark.timeout(30)
 
 
 @pytest.mark.parametrize("algo", ["sha256", "sha256_cbor"])

@@ -6,12 +6,9 @@ import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from tandem_process import GOLDEN, MODEL_DIR, TandemProcess
 
 from tandem.common.ports import free_port
-
-needs_golden = pytest.mark.skipif(not GOLDEN.is_dir(), reason="golden transcripts not present")
 
 
 class Emulator(TandemProcess):

@@ -7,9 +7,9 @@ import time
 
 import httpx
 import pytest
-from emu_harness import TINY_ARGS, emulator, needs_golden
+from emu_harness import TINY_ARGS, emulator
 
-pytestmark = [needs_golden, pytest.mark.timeout(60)]
+pytestmark = pytest.mark.timeout(60)
 BODY = {"model": "tiny", "prompt": "hello world", "max_tokens": 4}
 
 

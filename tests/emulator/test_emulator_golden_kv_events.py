@@ -15,13 +15,13 @@ import httpx
 import msgspec
 import pytest
 import zmq
-from emu_harness import GOLDEN, MODEL_DIR, emulator, needs_golden
+from emu_harness import GOLDEN, MODEL_DIR, emulator
 
 from tandem.common.block_hash import chain_digests, event_hash, hash_function, none_hash
 from tandem.common.ports import free_port
 from tandem.emulator.kv_events import encode_batch
 
-pytestmark = [needs_golden, pytest.mark.timeout(60)]
+pytestmark = pytest.mark.timeout(60)
 KV = GOLDEN / "kv_events"
 BLOCK = 32
 

@@ -19,11 +19,10 @@ from emu_harness import (
     counter_values,
     emulator,
     golden_request,
-    needs_golden,
     shape,
 )
 
-pytestmark = [needs_golden, pytest.mark.timeout(60)]
+pytestmark = pytest.mark.timeout(60)
 SINGLE = GOLDEN / "single"
 CASES = (
     sorted(p.name[: -len(".req.http")] for p in SINGLE.glob("*.req.http"))

@@ -8,9 +8,9 @@ import time
 
 import httpx
 import pytest
-from emu_harness import MODEL_DIR, Emulator, emulator, needs_golden
+from emu_harness import MODEL_DIR, Emulator, emulator
 
-pytestmark = [needs_golden, pytest.mark.timeout(60)]
+pytestmark = pytest.mark.timeout(60)
 
 PROMPT = "The quick brown fox jumps over the lazy dog. hello world"
 

@@ -6,10 +6,10 @@ import time
 
 import httpx
 import pytest
-from emu_harness import GOLDEN, counter_values, golden_request, metric_value, needs_golden
+from emu_harness import GOLDEN, counter_values, golden_request, metric_value
 from test_emulator_pd_nixl import do_decode, do_prefill, metrics, pd_engines
 
-pytestmark = [needs_golden, pytest.mark.timeout(60)]
+pytestmark = pytest.mark.timeout(60)
 
 
 def test_pd_without_nixl_moves_no_bytes_but_releases_the_blocks() -> None:

@@ -20,13 +20,12 @@ from emu_harness import (
     emulator,
     golden_json,
     metric_value,
-    needs_golden,
     shape,
 )
 
 from tandem.common.ports import free_port
 
-pytestmark = [needs_golden, pytest.mark.nixl, pytest.mark.timeout(90)]
+pytestmark = [pytest.mark.nixl, pytest.mark.timeout(90)]
 
 LEASE_S = 2
 PROMPT = (

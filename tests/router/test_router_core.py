@@ -70,10 +70,7 @@ def test_block_keys_are_prefix_stable_and_salted() -> None:
 
 
 def test_featurizer_exact_with_tokenizer_and_approximate_without() -> None:
-    tokenizer = GOLDEN / "model"
-    if not tokenizer.exists():
-        pytest.skip("golden model not present")
-    exact = Featurizer(32, str(tokenizer))
+    exact = Featurizer(32, str(GOLDEN / "model"))
     record = json.loads(
         (GOLDEN / "kv_events/sha256_cbor/requests.jsonl").read_text().splitlines()[0]
     )

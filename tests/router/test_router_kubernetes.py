@@ -18,14 +18,11 @@ from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
-from router_harness import MODEL_DIR, SHORT, Engine, Proc, completion, running, wait_until
+from router_harness import SHORT, Engine, Proc, completion, running, wait_until
 
 from tandem.common.ports import free_port
 
-pytestmark = [
-    pytest.mark.timeout(90),
-    pytest.mark.skipif(not MODEL_DIR.exists(), reason="golden model absent"),
-]
+pytestmark = pytest.mark.timeout(90)
 
 
 def pod(

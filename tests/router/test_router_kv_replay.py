@@ -243,7 +243,6 @@ async def serving_after(config: RouterConfig) -> tuple[RouterService, float]:
     return service, time.monotonic() - started
 
 
-@pytest.mark.skipif(not MODEL_DIR.exists(), reason="golden model absent")
 async def test_the_router_serves_once_the_engines_kv_events_are_in() -> None:
     batches = stored_batches(2000)
     with ReplayServer(batches, delay_s=1.0) as server:
@@ -255,7 +254,6 @@ async def test_the_router_serves_once_the_engines_kv_events_are_in() -> None:
             await service.stop()
 
 
-@pytest.mark.skipif(not MODEL_DIR.exists(), reason="golden model absent")
 async def test_the_router_serves_after_catch_up_seconds_whatever_the_replay(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -270,7 +268,6 @@ async def test_the_router_serves_after_catch_up_seconds_whatever_the_replay(
             await service.stop()
 
 
-@pytest.mark.skipif(not MODEL_DIR.exists(), reason="golden model absent")
 @pytest.mark.timeout(120)
 def test_a_new_router_predicts_what_the_engine_held_before_it_started() -> None:
     """End to end: an engine that has served a prompt, a router started afterwards whose replay

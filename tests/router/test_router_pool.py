@@ -21,10 +21,7 @@ from router_harness import (
     running,
 )
 
-pytestmark = [
-    pytest.mark.timeout(120),
-    pytest.mark.skipif(not MODEL_DIR.exists(), reason="golden model absent"),
-]
+pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture(scope="module")
