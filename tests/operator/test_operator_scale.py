@@ -13,7 +13,6 @@ import copy
 import datetime
 import logging
 import threading
-import time
 from typing import Any
 
 import pytest
@@ -126,6 +125,12 @@ def test_status_changes() -> None:
     assert status_changes({}, {"endpoint": "http://x"})
 
 
+async def drained(refresher: CoalescedRefresh) -> None:
+    """Until every requested refresh has run: each cluster's drain task ends when nothing is
+    pending (bounded generously, for a loaded machine)."""
+    await asyncio.wait_for(asyncio.gather(*refresher.tasks.values()), timeout=30)
+
+
 def test_refreshes_coalesce_per_cluster() -> None:
     runs: list[tuple[str, str, bool]] = []
 
@@ -138,9 +143,9 @@ def test_refreshes_coalesce_per_cluster() -> None:
             refresher.request("ns", "a")
         refresher.request("ns", "a", reapply=True)
         refresher.request("ns", "b")
-        await asyncio.sleep(0.2)
+        await drained(refresher)
         refresher.request("ns", "a")
-        await asyncio.sleep(0.2)
+        await drained(refresher)
         await refresher.stop()
 
     asyncio.run(scenario())
@@ -274,13 +279,15 @@ def test_the_cache_keeps_the_newest_body() -> None:
     assert cache.get("ns", "m") is None
 
 
-class SlowKube(FakeKube):
-    """Applies take `delay_s` (an API server round trip); notes how many ServingClusters were
-    being applied at once."""
+class MeetingKube(FakeKube):
+    """Applies wait until `meet` ServingClusters are being applied at once (bounded generously,
+    for a loaded machine), so a resync that runs that many together is seen to, however its
+    threads are scheduled; notes the most being applied at once."""
 
-    def __init__(self, delay_s: float) -> None:
+    def __init__(self, meet: int) -> None:
         super().__init__()
-        self.delay_s = delay_s
+        self.meet = meet
+        self.met = threading.Event()
         self.applying: dict[str, int] = {}
         self.most_at_once = 0
 
@@ -289,7 +296,10 @@ class SlowKube(FakeKube):
         with self.guard:
             self.applying[owner] = self.applying.get(owner, 0) + 1
             self.most_at_once = max(self.most_at_once, len(self.applying))
-        time.sleep(self.delay_s)
+            if len(self.applying) >= self.meet:
+                self.met.set()
+        if not self.met.wait(30):
+            self.met.set()  # they never met: the rest go on, and most_at_once says so
         with self.guard:
             self.applying[owner] -= 1
             if not self.applying[owner]:
@@ -307,7 +317,7 @@ def add_clusters(kube: FakeKube, count: int) -> None:
 
 @pytest.mark.parametrize("concurrency", [1, 4])
 def test_resync_reconciles_a_bounded_number_of_clusters_at_once(concurrency: int) -> None:
-    kube, events = SlowKube(delay_s=0.002), Events()
+    kube, events = MeetingKube(meet=concurrency), Events()
     add_clusters(kube, 12)
     assert resync_once(kube, ["ns"], events, concurrency=concurrency) == 12  # type: ignore[arg-type]
     assert kube.most_at_once == concurrency
@@ -364,7 +374,7 @@ def test_the_coalescer_asks_again_after_a_reconcile_in_progress() -> None:
     async def scenario() -> None:
         refresher = CoalescedRefresh(refresh_once_busy, delay_s=0.02)
         refresher.request("ns", "a", reapply=True)
-        await asyncio.sleep(0.15)
+        await drained(refresher)
         await refresher.stop()
 
     asyncio.run(scenario())
