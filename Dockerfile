@@ -9,7 +9,7 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/tandem
 WORKDIR /src
 # Dependencies first, so that a source-only change reuses this layer.
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 RUN python - <<'PY' > /tmp/requirements.txt
 import tomllib
 print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))
@@ -28,6 +28,7 @@ RUN groupadd --system --gid 10001 tandem \
  && useradd --system --uid 10001 --gid tandem --no-create-home --home-dir /nonexistent \
       --shell /usr/sbin/nologin tandem
 COPY --from=build /opt/tandem /opt/tandem
+COPY --from=build /src/LICENSE /licenses/LICENSE
 ENV PATH=/opt/tandem/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1
