@@ -135,7 +135,13 @@ class Proc:
             self.log_path.unlink()
 
 
-def start_engine(speedup: float, profile: str | None, blocks: int | None) -> Proc:
+def start_engine(
+    speedup: float,
+    profile: str | None,
+    blocks: int | None,
+    extra_args: list[str] | None = None,
+    extra_env: dict[str, str] | None = None,
+) -> Proc:
     port = free_port()
     argv = [
         sys.executable,
@@ -169,7 +175,8 @@ def start_engine(speedup: float, profile: str | None, blocks: int | None) -> Pro
         "endpoint": f"tcp://*:{events}", "replay_endpoint": f"tcp://*:{replay}",
     })]  # fmt: skip
     # dev mode serves POST /reset_prefix_cache, so every router starts on cold caches
-    engine = Proc("engine", argv, port, {"PYTHONHASHSEED": "0", "VLLM_SERVER_DEV_MODE": "1"})
+    env = {"PYTHONHASHSEED": "0", "VLLM_SERVER_DEV_MODE": "1", **(extra_env or {})}
+    engine = Proc("engine", argv + (extra_args or []), port, env)
     engine.kv_events = f"{engine.url}=tcp://127.0.0.1:{events},tcp://127.0.0.1:{replay}"
     return engine
 
@@ -909,7 +916,7 @@ async def main_async(args: argparse.Namespace) -> int:
     return 0
 
 
-METHODS = ("emulator", "nginx", "replicas")
+METHODS = ("emulator", "nginx", "replicas", "trace")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -923,6 +930,10 @@ def main(argv: list[str] | None = None) -> int:
         from router_replicas import main as replicas  # it imports this module: load it only here
 
         return replicas(rest)
+    if chosen.method == "trace":
+        from router_trace import main as trace  # it imports this module: load it only here
+
+        return trace(rest)
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -938,8 +949,9 @@ def main(argv: list[str] | None = None) -> int:
         "--method",
         choices=METHODS,
         default="emulator",
-        help="emulator pools (a, b, c), nginx backends driven by wrk, or Tandem's 1/2/4 replicas"
-        " behind HAProxy (router_replicas.py; the flags after it are that script's)",
+        help="emulator pools (a, b, c), nginx backends driven by wrk, Tandem's 1/2/4 replicas"
+        " behind HAProxy (router_replicas.py), or every router on a production trace"
+        " (router_trace.py); with replicas and trace the flags after it are that script's",
     )
     nginx = parser.add_argument_group("nginx method")
     nginx.add_argument("--cores", default="1", help="router core budgets, e.g. 1,2,4")
