@@ -5,7 +5,9 @@ NixlConnector in `kv_both` role so that every engine can prefill for another or 
 serves every router in turn; the engines' prefix caches are reset (POST /reset_prefix_cache)
 before each router starts. A trace (Mooncake JSONL, Azure CSV, ...: tandem/bench/traces.py) is
 replayed open loop at its own timestamps through each router by `tandem bench`'s runner, at two
-loads (the trace's time divided by each `--loads` factor). The routers:
+loads (the trace's time divided by each `--loads` factor). The engines run at `--speedup` of the
+H200's pace (0.5: half, which leaves a two-core machine the CPU to emulate four engines); the
+arrivals follow, and every figure is converted back to emulated-H200 time. The routers:
 
   tandem     Tandem, every engine colocated (prefill and decode on the same engine)
   tandem-pd  Tandem, the first half of the engines prefill and the second half decode
@@ -35,6 +37,7 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -378,29 +381,44 @@ def row_of(
     slos: list[SLO],
     counters: tuple[float, float, list[float]],
     cpu_s: float,
+    emulated: float,
 ) -> dict[str, Any]:
-    """The table's figures of one router at one load (latencies in ms)."""
+    """The table's figures of one router at one load. Latencies are in emulated-H200 ms (the
+    client's wall-clock ms times `emulated`, the engines' speedup) and the SLOs are emulated
+    targets, so a request meets one when wall TTFT <= ttft / emulated and wall TPOT <= tpot /
+    emulated."""
     hits, queries, served = counters
     summary = record.summary
     total = len(record.requests)
     mean_load = sum(served) / len(served) if served else 0.0
+    wall_slos = {
+        slo_name(slo): SLO(ttft_ms=slo.ttft_ms / emulated, itl_ms=slo.itl_ms / emulated)
+        for slo in slos
+    }
+
+    def scaled(value: float | None) -> float | None:
+        return None if value is None else value * emulated
+
     return {
         "requests": total,
         "failed": summary.failed,
-        "ttft_p50": summary.ttft_ms.p50,
-        "ttft_p90": summary.ttft_ms.p90,
-        "ttft_p99": summary.ttft_ms.p99,
-        "tpot_p50": summary.tpot_ms.p50,
-        "tpot_p99": summary.tpot_ms.p99,
+        "ttft_p50": scaled(summary.ttft_ms.p50),
+        "ttft_p90": scaled(summary.ttft_ms.p90),
+        "ttft_p99": scaled(summary.ttft_ms.p99),
+        "tpot_p50": scaled(summary.tpot_ms.p50),
+        "tpot_p99": scaled(summary.tpot_ms.p99),
         "goodput": {
-            slo_name(slo): sum(meets_slo(r, slo) for r in record.requests) / total if total else 0.0
-            for slo in slos
+            name: sum(meets_slo(r, slo) for r in record.requests) / total if total else 0.0
+            for name, slo in wall_slos.items()
         },
         "hit_rate": hits / queries if queries else 0.0,
+        # an unbounded cache's hit rate on the same prompts (tandem.bench.trace_plan.prefix_bound)
+        "bound_hit_rate": record.trace.bound_token_hit_rate if record.trace else None,
+        "offered_rps": record.trace.offered_rps / emulated if record.trace else None,
         "max_mean_load": max(served) / mean_load if mean_load else float("nan"),
         "served": served,
         "router_cpu_s": cpu_s,
-        "duration_s": summary.duration_s,
+        "wall_s": summary.duration_s,
         "errors": sorted({r.error[:120] for r in record.requests if not r.ok})[:5],
     }
 
@@ -419,14 +437,14 @@ async def run_router(
         record = await run_target(
             Target(kind, router.url),
             workload,
-            RunOptions(model=MODEL, slo=slos[0], progress=False, nvml=False,
+            RunOptions(model=MODEL, progress=False, nvml=False,
                        request_timeout_s=args.run_seconds),
         )  # fmt: skip
         cpu = router.cpu_seconds() - cpu0
         after = await engine_counters(pool.engines)
     finally:
         router.stop()
-    return row_of(record, slos, cache_delta(before, after), cpu)
+    return row_of(record, slos, cache_delta(before, after), cpu, args.speedup)
 
 
 # -- report --------------------------------------------------------------------------------------
@@ -487,6 +505,10 @@ def print_ratios(found: dict[str, dict[str, float]]) -> None:
 
 
 async def main_async(args: argparse.Namespace) -> int:
+    # SIGTERM cancels the run, so that the finally blocks stop every router and engine
+    task = asyncio.current_task()
+    assert task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
     kinds = [k.strip() for k in args.routers.split(",") if k.strip()]
     unknown = sorted(set(kinds) - set(ROUTERS))
     if unknown:
@@ -505,7 +527,7 @@ async def main_async(args: argparse.Namespace) -> int:
         for load in loads:
             workload = Trace(
                 path=str(args.trace),
-                speedup=load,
+                speedup=load * args.speedup,
                 max_requests=args.requests,
                 block_tokens=args.block_tokens,
                 max_input_tokens=args.max_input_tokens,
@@ -534,7 +556,14 @@ async def main_async(args: argparse.Namespace) -> int:
     )
     found = {}
     for load, rows in tables.items():
-        print_table(f"{title}, arrivals {load}; latencies in ms", rows, slos)
+        first = next(iter(rows.values()))
+        offered = f"{first['offered_rps']:.1f} req/s offered" if first["offered_rps"] else ""
+        bound = (
+            f", unbounded-cache hit rate {first['bound_hit_rate']:.1%}"
+            if first["bound_hit_rate"] is not None
+            else ""
+        )
+        print_table(f"{title}, arrivals {load} ({offered}{bound}); latencies in ms", rows, slos)
         found[load] = ratios(rows, slos)
         print_ratios(found[load])
     print(f"\nload average {load_text}")
@@ -569,8 +598,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--trace", type=Path, required=True, help="the trace file (read in place)")
     parser.add_argument("--routers", default=",".join(ROUTERS))
-    parser.add_argument("--requests", type=int, default=1000, help="the trace's first N requests")
-    parser.add_argument("--loads", default="4,8", help="arrival speedups: the trace's time / X")
+    parser.add_argument("--requests", type=int, default=600, help="the trace's first N requests")
+    parser.add_argument(
+        "--loads", default="4,10", help="arrival speedups: the trace's time / X, in emulated time"
+    )
     parser.add_argument("--block-tokens", type=int, default=128, help="tokens per 512-token block")
     parser.add_argument("--max-input-tokens", type=int, default=16000)
     parser.add_argument("--max-output-tokens", type=int, default=64)
@@ -579,7 +610,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--profile", default="h200-llama-3.1-8b", help="the engines' timing profile"
     )
-    parser.add_argument("--speedup", type=float, default=1.0, help="the engines' time divisor")
+    parser.add_argument(
+        "--speedup",
+        type=float,
+        default=0.5,
+        help="the engines' time divisor (below 1 leaves a small machine CPU headroom); arrivals"
+        " follow it and the tables are in emulated time",
+    )
     parser.add_argument("--max-model-len", type=int, default=32768)
     parser.add_argument("--slos", default="2000/100,1000/50", help="TTFT ms / TPOT ms pairs")
     parser.add_argument("--run-seconds", type=float, default=300.0, help="bound of one run")
