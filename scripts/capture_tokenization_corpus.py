@@ -1,6 +1,9 @@
 """Record the tokenization parity corpus from real vLLM 0.32 (CPU build, no engine needed).
 
-    flock /tmp/tandem-realvllm.lock "$(scripts/ensure-vllm.sh)" scripts/capture_tokenization_corpus.py
+    flock /tmp/tandem-realvllm.lock unshare --net bash -c 'ip link set lo up &&
+        exec "$0" scripts/capture_tokenization_corpus.py "$@"' "$(scripts/ensure-vllm.sh | tail -1)"
+
+(a network namespace of its own: the renderer reaches nothing but 127.0.0.1)
 
 1. Builds one small tokenizer per chat template under tests/router/fixtures/tokenization/models/:
    the test model's byte-level BPE (tests/fixtures/vllm-0.32/model/tokenizer.json) plus the
@@ -41,7 +44,7 @@ def _deepseek(words: str) -> str:
 # name -> template file, how it is shipped, special tokens, named tokens, bos post-processor
 MODELS: dict[str, dict] = {
     "llama3.1": {
-        "template": "llama3.1_json",
+        "template": "llama3_json_tools",
         "ship": "config",
         "special": [
             "<|begin_of_text|>",
@@ -56,7 +59,7 @@ MODELS: dict[str, dict] = {
         "bos_post_processor": True,
     },
     "qwen3": {
-        "template": "qwen3coder",
+        "template": "qwen3_xml_tools",
         "ship": "jinja_file",
         "special": ["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
         "added": ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"],
@@ -64,7 +67,7 @@ MODELS: dict[str, dict] = {
         "bos_post_processor": False,
     },
     "gemma3": {
-        "template": "gemma3_pythonic",
+        "template": "gemma3_pythonic_tools",
         "ship": "config",
         "special": [
             "<pad>",
@@ -80,7 +83,7 @@ MODELS: dict[str, dict] = {
         "bos_post_processor": False,
     },
     "deepseek-v3": {
-        "template": "deepseekv3",
+        "template": "deepseek_v3_tools",
         "ship": "config",
         "special": [
             _deepseek("begin of sentence"),
@@ -119,7 +122,7 @@ MODELS: dict[str, dict] = {
         "bos_post_processor": True,
     },
     "phi4-mini": {
-        "template": "phi4_mini",
+        "template": "phi4_mini_tools",
         "ship": "config",
         "special": [
             "<|endoftext|>",
@@ -138,7 +141,7 @@ MODELS: dict[str, dict] = {
         "bos_post_processor": False,
     },
     "mistral": {
-        "template": "mistral_parallel",
+        "template": "mistral_parallel_tools",
         "ship": "config",
         "special": [
             "[INST]",
@@ -153,9 +156,10 @@ MODELS: dict[str, dict] = {
         "bos_post_processor": True,
     },
     "chatml-hermes": {
-        "template": {"default": "chatml", "tool_use": "qwen3coder"},
+        "template": {"default": "chatml", "tool_use": "hermes_tool_use"},
         "ship": "named_list",
         "special": ["<|im_start|>", "<|im_end|>"],
+        "added": ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"],
         "named": {"bos_token": "<s>", "eos_token": "<|im_end|>"},
         "bos_post_processor": False,
     },

@@ -1,6 +1,9 @@
 """Record model-specific tokenizer classes' token ids from vLLM 0.32's own tokenizer loading.
 
-    flock /tmp/tandem-realvllm.lock "$(scripts/ensure-vllm.sh)" scripts/capture_tokenizer_classes.py [--e2e]
+    flock /tmp/tandem-realvllm.lock unshare --net bash -c 'ip link set lo up &&
+        exec "$0" scripts/capture_tokenizer_classes.py "$@"' "$(scripts/ensure-vllm.sh | tail -1)" [--e2e]
+
+(a network namespace of its own: the renderer reaches nothing but 127.0.0.1)
 
 1. Builds small tokenizer directories under tests/router/fixtures/tokenization/classes/: the
    byte-level BPE of the llama3.1 fixture, and a SentencePiece-style BPE trained here (Metaspace

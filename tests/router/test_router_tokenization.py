@@ -12,17 +12,76 @@ from tokenizers import Tokenizer
 
 from tandem.router import chat_template
 from tandem.router.blocks import block_keys
-from tandem.router.chat_template import TemplateUnrenderable, content_format, conversation
+from tandem.router.chat_template import (
+    ContentFormat,
+    TemplateUnrenderable,
+    content_format,
+    conversation,
+)
 from tandem.router.features import Featurizer
 from tandem.router.hf_tokenizer import HfTokenizer
 from tandem.router.tokenization import RequestTokenizer, load_template_override
 
-MODELS = Path(__file__).parent / "fixtures" / "tokenization" / "models"
+FIXTURES = Path(__file__).parent / "fixtures" / "tokenization"
+MODELS = FIXTURES / "models"
 GOLDEN_TOKENIZER = MODELS / "llama3.1"
+# what each corpus template must keep exercising (fixtures/tokenization/README.md) and the
+# content format vLLM detects for it
+TEMPLATE_FEATURES: dict[str, tuple[ContentFormat, list[str]]] = {
+    "llama3_json_tools": (
+        "openai",
+        ["{%- macro", "raise_exception(", "strftime_now(", "tojson(indent=4)"],
+    ),
+    "qwen3_xml_tools": (
+        "string",
+        ["loop.previtem", "loop.nextitem", "| items", "{%- generation", '"developer"'],
+    ),
+    "gemma3_pythonic_tools": ("openai", ["namespace(", "is boolean", "raise_exception("]),
+    "deepseek_v3_tools": ("string", ["namespace(", ".replace("]),
+    "phi4_mini_tools": ("string", ['map(attribute="function")']),
+    "mistral_parallel_tools": ("string", ["loop.cycle(", "raise_exception("]),
+    "chatml": ("string", ["{%- generation"]),
+    "hermes_tool_use": ("string", ["{%- continue", "{%- generation"]),
+}
+# model directory -> the template its tokenizer_config.json carries as a string
+SHIPPED = {
+    "llama3.1": "llama3_json_tools",
+    "gemma3": "gemma3_pythonic_tools",
+    "deepseek-v3": "deepseek_v3_tools",
+    "phi4-mini": "phi4_mini_tools",
+    "mistral": "mistral_parallel_tools",
+}
 
 
 def _render(source: str, messages: list[dict[str, Any]], **context: Any) -> str:
     return chat_template.render(source, messages, context, True, False)
+
+
+@pytest.mark.parametrize("name", list(TEMPLATE_FEATURES))
+def test_corpus_templates_exercise_their_features(name: str) -> None:
+    source = (FIXTURES / "templates" / f"{name}.jinja").read_text(encoding="utf-8")
+    expected_format, snippets = TEMPLATE_FEATURES[name]
+    assert [s for s in snippets if s not in source] == []
+    assert content_format(source) == expected_format
+    chat_template.compile_template(source)
+
+
+def test_model_directories_ship_the_templates_as_committed() -> None:
+    """The recorded ids belong to these texts: a template edited without re-recording fails."""
+
+    def template(name: str) -> str:
+        return (FIXTURES / "templates" / f"{name}.jinja").read_text(encoding="utf-8")
+
+    for model, name in SHIPPED.items():
+        assert HfTokenizer.from_directory(MODELS / model).chat_templates == template(name), model
+    assert HfTokenizer.from_directory(MODELS / "qwen3").chat_templates == template(
+        "qwen3_xml_tools"
+    )
+    assert HfTokenizer.from_directory(MODELS / "chatml-hermes").chat_templates == {
+        "default": template("chatml"),
+        "tool_use": template("hermes_tool_use"),
+    }
+    assert (MODELS / "qwen3" / "chat_template.jinja").is_file()
 
 
 def test_environment_trims_blocks_and_offers_transformers_helpers() -> None:

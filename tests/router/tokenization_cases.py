@@ -30,6 +30,17 @@ TOOL_CALL = {
     "function": {"name": "get_weather", "arguments": '{"city": "Zürich", "unit": "c"}'},
 }
 
+OSLO_CALL = {
+    "id": "call1ijklmnop2",
+    "type": "function",
+    "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'},
+}
+# every JSON kind once: a template's value rendering (Python literals, XML, JSON) meets them all
+NESTED_ARGUMENTS = (
+    '{"city": "Oslo", "days": 3, "hourly": true, "fields": ["temp", "wind"],'
+    ' "where": {"lat": 59.9, "lon": 10.75}, "note": null}'
+)
+
 
 def _chat(name: str, messages: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
     return {"name": name, "kind": "chat", "request": {"messages": messages, **extra}}
@@ -67,6 +78,20 @@ def chat_cases() -> list[dict[str, Any]]:
                         {"type": "text", "text": "Second part."},
                     ],
                 },
+            ],
+        ),
+        _chat(
+            # a template that loops over the parts trims each one; a string template gets them
+            # joined first, so the content format vLLM detects shows in the ids
+            "padded_content_parts",
+            [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "  First part. "},
+                        {"type": "text", "text": " Second part.  "},
+                    ],
+                }
             ],
         ),
         _chat("tools", [user], tools=[WEATHER_TOOL]),
@@ -122,14 +147,7 @@ def chat_cases() -> list[dict[str, Any]]:
                 {
                     "role": "assistant",
                     "content": "Checking both.",
-                    "tool_calls": [
-                        TOOL_CALL,
-                        {
-                            "id": "call1ijklmnop2",
-                            "type": "function",
-                            "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'},
-                        },
-                    ],
+                    "tool_calls": [TOOL_CALL, OSLO_CALL],
                 },
             ],
             tools=[WEATHER_TOOL],
@@ -143,6 +161,50 @@ def chat_cases() -> list[dict[str, Any]]:
         _chat("named_template_by_request", [user], chat_template="tool_use"),
         _chat(
             "special_text_in_content", [{"role": "user", "content": "say <s> and </s> <|im_end|>"}]
+        ),
+        _chat(
+            "two_tool_results",
+            [
+                {"role": "user", "content": "Weather in Zürich and Oslo?"},
+                {"role": "assistant", "content": None, "tool_calls": [TOOL_CALL, OSLO_CALL]},
+                {"role": "tool", "tool_call_id": TOOL_CALL["id"], "content": '{"temp": 21}'},
+                {"role": "tool", "tool_call_id": OSLO_CALL["id"], "content": '{"temp": 4}'},
+            ],
+            tools=[WEATHER_TOOL],
+        ),
+        _chat(
+            "nested_arguments",
+            [
+                {"role": "user", "content": "Forecast for Oslo?"},
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": "call2qrstuvw3",
+                            "type": "function",
+                            "function": {"name": "get_weather", "arguments": NESTED_ARGUMENTS},
+                        }
+                    ],
+                },
+            ],
+            tools=[WEATHER_TOOL],
+            add_generation_prompt=False,
+        ),
+        _chat(
+            "tools_in_system_turn",
+            [user],
+            tools=[WEATHER_TOOL],
+            chat_template_kwargs={"tools_in_user_message": False},
+        ),
+        _chat(
+            "short_tool_call_id",
+            [
+                {"role": "user", "content": "Weather in Oslo?"},
+                {"role": "assistant", "content": None, "tool_calls": [dict(OSLO_CALL, id="c1")]},
+            ],
+            tools=[WEATHER_TOOL],
+            add_generation_prompt=False,
         ),
     ]
 
