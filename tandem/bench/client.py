@@ -64,6 +64,8 @@ def request_body(planned: PlannedRequest, api: Api, model: str, ignore_eos: bool
         body["ignore_eos"] = True
     if api == "completions":
         body["prompt"] = planned.prompt
+    elif isinstance(planned.prompt, list):
+        raise ValueError("chat requests need a text prompt, not token ids")
     else:
         body_text = (
             planned.prompt[len(planned.prefix) :].lstrip() if planned.prefix else planned.prompt

@@ -21,7 +21,8 @@ from tandem.bench.presets import PRESETS, WorkloadSpec, preset
 from tandem.bench.records import BenchRecord
 from tandem.bench.report import print_ab, print_changes, print_record
 from tandem.bench.runner import RunOptions, Target, run_target
-from tandem.bench.spec import SLO, LengthDist, Phase, Workload
+from tandem.bench.spec import SLO, LengthDist, Phase, Trace, Workload
+from tandem.bench.traces import TRACE_BLOCK_TOKENS, TRACE_FORMATS, file_format
 
 DEFAULT_ENDPOINT = "http://127.0.0.1:8000"
 
@@ -114,6 +115,46 @@ def build_parser() -> argparse.ArgumentParser:
         help="speculative decoding: the draft acceptance rate of a request class's task "
         "(short, long, group-N, default; * for all), sent as vllm_xargs.spec_acceptance_rate",
     )
+    trace = parser.add_argument_group(
+        "trace replay",
+        "replay a trace file open loop at its own timestamps (formats: mooncake, azure, "
+        "burstgpt, tandem; docs/bench.md)",
+    )
+    trace.add_argument("--trace", type=Path, metavar="FILE", help="the trace to replay")
+    trace.add_argument("--trace-format", choices=TRACE_FORMATS, help="default: detected")
+    trace.add_argument(
+        "--trace-speedup", type=float, default=1.0, help="divide the file's send times by this"
+    )
+    trace.add_argument(
+        "--trace-start", type=float, default=0.0, metavar="S", help="window start, file seconds"
+    )
+    trace.add_argument(
+        "--trace-duration", type=float, metavar="S", help="window length, file seconds"
+    )
+    trace.add_argument("--trace-max-requests", type=int, metavar="N", help="window: first N rows")
+    trace.add_argument("--trace-loops", type=int, default=1, help="send the window this many times")
+    trace.add_argument(
+        "--trace-block-tokens",
+        type=int,
+        default=TRACE_BLOCK_TOKENS,
+        metavar="B",
+        help="tokens each 512-token block becomes (prompts scale by B/512)",
+    )
+    trace.add_argument("--trace-max-input", type=int, metavar="N", help="cut prompts to N tokens")
+    trace.add_argument("--trace-max-output", type=int, metavar="N", help="cap outputs at N tokens")
+    trace.add_argument(
+        "--tokenizer",
+        metavar="PATH",
+        help="the served model's tokenizer.json (or its directory): exact token blocks",
+    )
+    trace.add_argument(
+        "--trace-prompt",
+        choices=["ids", "text"],
+        help="token-id or text prompts (default: ids with --tokenizer and completions, else text)",
+    )
+    trace.add_argument(
+        "--trace-bucket", type=float, default=10.0, metavar="S", help="report bucket width"
+    )
     client = parser.add_argument_group("client")
     client.add_argument("--api", choices=["completions", "chat"], default="completions")
     client.add_argument("--model", help="model name to send (default: the first of /v1/models)")
@@ -150,8 +191,20 @@ def build_parser() -> argparse.ArgumentParser:
     resources.add_argument(
         "--no-nvml", action="store_true", help="do not read this machine's GPUs through NVML"
     )
-    client.add_argument("--slo-ttft-ms", type=float, default=SLO().ttft_ms)
-    client.add_argument("--slo-itl-ms", type=float, default=SLO().itl_ms)
+    client.add_argument(
+        "--slo-ttft-ms",
+        type=float,
+        action="append",
+        help=f"TTFT target of an SLO; repeat with --slo-tpot-ms for several (default {SLO().ttft_ms:g})",
+    )
+    client.add_argument(
+        "--slo-tpot-ms",
+        "--slo-itl-ms",
+        dest="slo_tpot_ms",
+        type=float,
+        action="append",
+        help=f"time-per-output-token target of an SLO, paired in order (default {SLO().itl_ms:g})",
+    )
     output = parser.add_argument_group("output")
     output.add_argument(
         "--out", type=Path, help="directory for records and plots (default out/bench/<time>)"
@@ -173,11 +226,49 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def trace_from_args(args: argparse.Namespace) -> Trace:
+    """The trace replay the --trace options describe; the file's format is resolved here."""
+    path: Path = args.trace
+    prompt = args.trace_prompt or (
+        "ids" if args.tokenizer and args.api == "completions" else "text"
+    )
+    return Trace(
+        path=str(path),
+        format=args.trace_format or file_format(path),
+        speedup=args.trace_speedup,
+        start_s=args.trace_start,
+        duration_s=args.trace_duration,
+        max_requests=args.trace_max_requests,
+        loops=args.trace_loops,
+        block_tokens=args.trace_block_tokens,
+        max_input_tokens=args.trace_max_input,
+        max_output_tokens=args.trace_max_output,
+        tokenizer=args.tokenizer,
+        prompt=prompt,
+        bucket_s=args.trace_bucket,
+    )
+
+
+def slos_from_args(args: argparse.Namespace) -> list[SLO]:
+    """The SLO pairs in order; a single value on one side goes with every value of the other."""
+    ttft = args.slo_ttft_ms or [SLO().ttft_ms]
+    tpot = args.slo_tpot_ms or [SLO().itl_ms]
+    if len(ttft) != len(tpot) and 1 not in (len(ttft), len(tpot)):
+        raise ValueError("give as many --slo-ttft-ms as --slo-tpot-ms, or one of either")
+    count = max(len(ttft), len(tpot))
+    ttft, tpot = ttft * (count if len(ttft) == 1 else 1), tpot * (count if len(tpot) == 1 else 1)
+    return [SLO(ttft_ms=t, itl_ms=i) for t, i in zip(ttft, tpot, strict=True)]
+
+
 def workload_from_args(args: argparse.Namespace) -> WorkloadSpec:
-    """The preset or workload file, with every given override applied and validated."""
-    if args.workload_file:
+    """The trace, preset or workload file, with every given override applied and validated."""
+    if args.trace:
+        if args.api == "chat" and args.trace_prompt == "ids":
+            raise ValueError("chat requests need text prompts: drop --trace-prompt ids")
+        base: WorkloadSpec = trace_from_args(args)
+    elif args.workload_file:
         raw = yaml.safe_load(args.workload_file.read_text())
-        base: WorkloadSpec = TypeAdapter(Workload).validate_python(raw)
+        base = TypeAdapter(Workload).validate_python(raw)
     else:
         base = preset(args.preset)
     fields = base.model_dump()
@@ -225,11 +316,13 @@ def options_from_args(args: argparse.Namespace) -> RunOptions:
     headers = {k.strip(): v.strip() for k, v in headers.items()}
     if args.api_key:
         headers["Authorization"] = f"Bearer {args.api_key}"
+    slo, *extra_slos = slos_from_args(args)
     return RunOptions(
         api=args.api,
         model=args.model,
         ignore_eos=not args.no_ignore_eos,
-        slo=SLO(ttft_ms=args.slo_ttft_ms, itl_ms=args.slo_itl_ms),
+        slo=slo,
+        extra_slos=extra_slos,
         request_timeout_s=args.request_timeout,
         sample_interval_s=args.sample_interval,
         headers=headers,
@@ -301,13 +394,14 @@ def main(argv: list[str]) -> int:
     try:
         workload = workload_from_args(args)
         targets = targets_from_args(args)
+        options = options_from_args(args)
     except (ValueError, ValidationError, OSError) as exc:
         print(f"tandem bench: {exc}", file=sys.stderr)
         return 2
     console = Console()
     try:
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            records = runner.run(run_all(targets, workload, options_from_args(args), console))
+            records = runner.run(run_all(targets, workload, options, console))
         return finish(
             records,
             args.out or default_out_dir(),
@@ -317,6 +411,9 @@ def main(argv: list[str]) -> int:
             store_dir=args.store,
             console=console,
         )
+    except ValueError as exc:  # a trace line, or a tokenizer, that cannot be replayed
+        print(f"tandem bench: {exc}", file=sys.stderr)
+        return 2
     except (RuntimeError, OSError, aiohttp.ClientError) as exc:
         print(f"tandem bench: {exc}", file=sys.stderr)
         return 3

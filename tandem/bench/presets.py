@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from tandem.bench.spec import Burst, FixedQPS, LengthDist, Mixed, Phase, SharedPrefix
+from tandem.bench.spec import Burst, FixedQPS, LengthDist, Mixed, Phase, SharedPrefix, Trace
 
-WorkloadSpec = FixedQPS | Burst | Mixed | SharedPrefix
+WorkloadSpec = FixedQPS | Burst | Mixed | SharedPrefix | Trace
 
 PRESETS: dict[str, tuple[str, Callable[[], WorkloadSpec]]] = {
     "quick": (

@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from tandem.bench.spec import SLO, Workload
+from tandem.bench.trace_records import SLOGoodput, TraceReport
 
 SCHEMA_VERSION = 1
 
@@ -140,6 +141,8 @@ class BenchRecord(_Record):
     requests: list[RequestRecord] = Field(default_factory=list)
     samples: list[SampleRecord] = Field(default_factory=list)
     resources: list[ResourceSummary] = Field(default_factory=list)
+    slo_goodput: list[SLOGoodput] = Field(default_factory=list)  # one per SLO given
+    trace: TraceReport | None = None  # a trace replay's load over time and prefix reuse
 
     def save(self, path: Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -11,6 +11,7 @@ from rich.table import Table
 from tandem.bench.baseline import METRICS, Change
 from tandem.bench.records import BenchRecord, Percentiles, Summary
 from tandem.bench.resources import first_saturated
+from tandem.bench.trace_report import buckets_table, describe_trace, goodput_table, trace_lines
 
 
 def _ms(value: float | None) -> str:
@@ -29,6 +30,8 @@ def _pct(value: float | None) -> str:
 
 def describe_workload(record: BenchRecord) -> str:
     w = record.workload
+    if w.kind == "trace":
+        return describe_trace(w)
     out = w.output.describe()
     if w.kind == "burst":
         phases = " → ".join(f"{p.qps:g} qps for {p.duration_s:g}s" for p in w.phases)
@@ -192,6 +195,12 @@ def print_record(console: Console, record: BenchRecord) -> None:
     if record.resources:
         console.print(resources_table(record))
         console.print(saturation_line(record))
+    if record.trace is not None:
+        for line in trace_lines(record.trace):
+            console.print(line)
+        console.print(buckets_table(record.trace))
+    if record.trace is not None or len(record.slo_goodput) > 1:
+        console.print(goodput_table(record.slo_goodput))
     lag = max((r.lag_ms for r in record.requests), default=0.0)
     if lag > 50:
         console.print(

@@ -15,12 +15,22 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tandem.bench.client import Api, RequestResult, discover_model, request_body, send
-from tandem.bench.records import BenchRecord, RequestRecord, SampleRecord, versions
+from tandem.bench.presets import WorkloadSpec
+from tandem.bench.records import (
+    BenchRecord,
+    EngineTotals,
+    RequestRecord,
+    SampleRecord,
+    versions,
+)
 from tandem.bench.resources import LocalProbe, summarize_resources
 from tandem.bench.sampler import Sampler
-from tandem.bench.spec import SLO, Burst, FixedQPS, Mixed, SharedPrefix
+from tandem.bench.spec import SLO, Burst, Trace
 from tandem.bench.stats import burst_recovery, engine_totals, group_by, queue_share, summarize
-from tandem.bench.workloads import PlannedRequest, build_schedule
+from tandem.bench.trace_plan import trace_requests
+from tandem.bench.trace_prompts import build_trace_schedule
+from tandem.bench.trace_report import slo_goodput, trace_report
+from tandem.bench.workloads import PlannedRequest, Schedule, build_schedule
 
 WARMUP_CONCURRENCY = 4
 COUNTER_SUFFIXES = ("_total", "_sum", "_count", "_created", "_info")
@@ -51,6 +61,7 @@ class RunOptions:
     model: str | None = None
     ignore_eos: bool = True
     slo: SLO = field(default_factory=SLO)
+    extra_slos: list[SLO] = field(default_factory=list)  # more SLOs to report attainment for
     request_timeout_s: float = 300.0
     sample_interval_s: float = 0.5
     headers: dict[str, str] = field(default_factory=dict)
@@ -159,7 +170,7 @@ def gauges(values: dict[str, float]) -> dict[str, float]:
     }
 
 
-def phase_ends(workload: FixedQPS | Burst | Mixed | SharedPrefix) -> list[tuple[str, float, float]]:
+def phase_ends(workload: WorkloadSpec) -> list[tuple[str, float, float]]:
     """(name, qps, end time) of each phase of a burst workload; empty for the others."""
     if not isinstance(workload, Burst):
         return []
@@ -170,20 +181,39 @@ def phase_ends(workload: FixedQPS | Burst | Mixed | SharedPrefix) -> list[tuple[
     return ends
 
 
-async def run_target(
+@dataclass
+class Replay:
+    """What one run measured: each measured request, the /metrics samples and the engines'
+    counter totals over the measured window."""
+
+    model: str
+    requests: list[RequestRecord]
+    samples: list[SampleRecord]
+    engine: EngineTotals
+    created: datetime
+    finished: datetime
+
+
+async def replay(
     target: Target,
-    workload: FixedQPS | Burst | Mixed | SharedPrefix,
+    schedule: Schedule,
     options: RunOptions,
+    *,
+    max_concurrency: int | None = None,
+    max_duration_s: float = 600.0,
+    task_acceptance: dict[str, float] | None = None,
+    title: str = "run",
     console: Console | None = None,
-) -> BenchRecord:
-    """Warm up, then send the measured schedule while sampling /metrics; returns the run's record."""
+) -> Replay:
+    """Warm up, then send the measured schedule open loop (each request at t0 + at_s) while
+    sampling /metrics; requests still running `max_duration_s` after the last send are
+    cancelled."""
     console = console or Console(stderr=True)
-    schedule = build_schedule(workload)
     created = datetime.now(UTC)
     connector = aiohttp.TCPConnector(limit=0, force_close=False)
     async with aiohttp.ClientSession(connector=connector, read_bufsize=1 << 18) as session:
         model = options.model or await discover_model(session, target.url)
-        run = _Run(session, target, options, model, workload.task_acceptance)
+        run = _Run(session, target, options, model, task_acceptance or {})
         if schedule.warmup:
             warm = await _warm_up(run, schedule.warmup)
             if not any(r.ok for r in warm):
@@ -200,7 +230,7 @@ async def run_target(
         await sampler.start(session, t0)
         t0 = sampler.t0
         progress = Progress(
-            TextColumn(f"[bold]{target.label}[/] {workload.kind}"),
+            TextColumn(f"[bold]{target.label}[/] {title}"),
             BarColumn(),
             MofNCompleteColumn(),
             TextColumn("{task.fields[failed]} failed"),
@@ -220,11 +250,9 @@ async def run_target(
                 progress.update(bar, advance=1, failed=failures)
 
             last_at = schedule.measured[-1].at_s if schedule.measured else 0.0
-            deadline = last_at + workload.max_duration_s
+            deadline = last_at + max_duration_s
             tasks: list[asyncio.Task[RequestResult]] = []
-            dispatch = _dispatch(
-                run, schedule.measured, t0, workload.max_concurrency, on_done, tasks
-            )
+            dispatch = _dispatch(run, schedule.measured, t0, max_concurrency, on_done, tasks)
             try:
                 await asyncio.wait_for(dispatch, deadline)
                 remaining = deadline - (time.perf_counter() - t0)
@@ -239,18 +267,50 @@ async def run_target(
         await sampler.stop(session)
     results = [_result_of(task, schedule.measured[i], t0) for i, task in enumerate(tasks)]
     requests = [_record(r) for r in results]
-    summary = summarize(requests, options.slo)
     samples = [
         SampleRecord(t_s=round(s.t_s, 4), source=s.source, values=s.values) for s in sampler.samples
     ]
-    engine = engine_totals(sampler.first, sampler.last, samples, summary.ok)
+    ok = sum(r.ok for r in requests)
+    engine = engine_totals(sampler.first, sampler.last, samples, ok)
+    return Replay(model, requests, samples, engine, created, datetime.now(UTC))
+
+
+async def run_target(
+    target: Target,
+    workload: WorkloadSpec,
+    options: RunOptions,
+    console: Console | None = None,
+) -> BenchRecord:
+    """Build the workload's schedule (a trace's, read from its file), replay it and return the
+    run's record."""
+    timed = trace_requests(workload) if isinstance(workload, Trace) else None
+    if isinstance(workload, Trace):
+        assert timed is not None
+        schedule = build_trace_schedule(workload, timed)
+    else:
+        schedule = build_schedule(workload)
+    run = await replay(
+        target,
+        schedule,
+        options,
+        max_concurrency=workload.max_concurrency,
+        max_duration_s=workload.max_duration_s,
+        task_acceptance=workload.task_acceptance,
+        title=workload.kind,
+        console=console,
+    )
+    requests = run.requests
+    summary = summarize(requests, options.slo)
+    trace = None
+    if isinstance(workload, Trace) and timed is not None:
+        trace = trace_report(workload, workload.format or "", timed, requests, run.engine)
     return BenchRecord(
-        run_id=f"{created:%Y%m%dT%H%M%SZ}-{target.label}-{uuid.uuid4().hex[:6]}",
+        run_id=f"{run.created:%Y%m%dT%H%M%SZ}-{target.label}-{uuid.uuid4().hex[:6]}",
         label=target.label,
-        created_at=created,
-        finished_at=datetime.now(UTC),
+        created_at=run.created,
+        finished_at=run.finished,
         endpoint=target.url,
-        model=model,
+        model=run.model,
         api=options.api,
         workload=workload,
         seed=workload.seed,
@@ -258,16 +318,20 @@ async def run_target(
         config=target.config | {"metrics_sources": sorted(target.metrics)},
         versions=versions(),
         summary=summary,
-        engine=engine,
-        queue_share=queue_share(summary, engine),
+        engine=run.engine,
+        queue_share=queue_share(summary, run.engine),
         burst_recovery_s=burst_recovery(requests, phase_ends(workload)),
         by_class=group_by(requests, "klass", options.slo)
         if workload.kind in {"mixed", "shared-prefix"}
         else {},
-        by_phase=group_by(requests, "phase", options.slo) if workload.kind == "burst" else {},
+        by_phase=group_by(requests, "phase", options.slo)
+        if workload.kind == "burst" or (isinstance(workload, Trace) and workload.loops > 1)
+        else {},
         requests=requests,
-        samples=samples,
-        resources=summarize_resources(samples),
+        samples=run.samples,
+        resources=summarize_resources(run.samples),
+        slo_goodput=slo_goodput(requests, [options.slo, *options.extra_slos], summary.duration_s),
+        trace=trace,
     )
 
 

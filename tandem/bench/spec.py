@@ -8,6 +8,8 @@ from typing import Annotated, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from tandem.bench.traces import TRACE_BLOCK_TOKENS, TraceFormat
+
 
 class _Spec(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -172,7 +174,44 @@ class SharedPrefix(_Workload):
         return round(self.share_ratio * self.input.expected())
 
 
-Workload = Annotated[FixedQPS | Burst | Mixed | SharedPrefix, Field(discriminator="kind")]
+class Trace(_Spec):
+    """A trace file replayed open loop at its own timestamps (tandem.bench.traces, trace_plan).
+
+    The window is on the file's own clock: rows from `start_s` for `duration_s` seconds, at most
+    `max_requests` of them; it is sent `loops` times, its send times divided by `speedup`. Each
+    512-token block of a prompt becomes `block_tokens` tokens (prompts scale by
+    block_tokens / 512), then prompts are cut to `max_input_tokens` and outputs to
+    `max_output_tokens`. `prompt`: token ids (completions, with `tokenizer`) or text.
+    """
+
+    kind: Literal["trace"] = "trace"
+    path: str
+    format: TraceFormat | None = None  # None: detected from the file's first line
+    speedup: float = Field(1.0, gt=0)
+    start_s: float = Field(0.0, ge=0)
+    duration_s: float | None = Field(None, gt=0)
+    max_requests: int | None = Field(None, ge=1)
+    loops: int = Field(1, ge=1, le=1000)
+    block_tokens: int = Field(TRACE_BLOCK_TOKENS, ge=1)
+    max_input_tokens: int | None = Field(None, ge=1)
+    max_output_tokens: int | None = Field(None, ge=1)
+    tokenizer: str | None = None  # the served model's tokenizer.json, or its directory
+    prompt: Literal["ids", "text"] = "text"
+    bucket_s: float = Field(10.0, gt=0)  # width of the report's time buckets, in replay seconds
+    seed: int = 0
+    warmup_requests: int = Field(4, ge=0)
+    max_concurrency: int | None = Field(None, ge=1)
+    max_duration_s: float = Field(600, gt=0)
+    task_acceptance: dict[str, float] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _prompt_source(self) -> Trace:
+        if self.prompt == "ids" and not self.tokenizer:
+            raise ValueError("token-id prompts need the served model's tokenizer")
+        return self
+
+
+Workload = Annotated[FixedQPS | Burst | Mixed | SharedPrefix | Trace, Field(discriminator="kind")]
 
 
 class SLO(_Spec):

@@ -43,7 +43,7 @@ class PlannedRequest:
 
     index: int
     at_s: float
-    prompt: str  # the whole prompt (prefix + body) for completions
+    prompt: str | list[int]  # the whole prompt (prefix + body); token ids for completions only
     prefix: str  # the shared part ("" when none); sent as the system message for chat
     prompt_words: int
     max_tokens: int
