@@ -14,9 +14,62 @@ from pydantic import Field
 from tandem.common.settings import SettingsModel
 
 
-class ScoringConfig(SettingsModel):
-    """Router scorer weights: an endpoint's score is the weighted sum of its scorer values."""
+class SloClass(SettingsModel):
+    """The TTFT and TPOT targets of requests from a priority level up (the `predictive` policy)."""
 
+    min_priority: int = Field(-100, ge=-100, le=100, alias="minPriority")
+    """The class covers priorities from this value up to the next class's `minPriority`."""
+    ttft_ms: float = Field(2000.0, gt=0, alias="ttftMs")
+    """Time to first token a request of the class should meet."""
+    tpot_ms: float = Field(100.0, gt=0, alias="tpotMs")
+    """Time per output token (mean gap after the first) a request of the class should meet."""
+    sheddable: bool = False
+    """A request of the class is refused (429 with Retry-After) when no placement is predicted
+    to meet its targets, instead of slowing every other request."""
+
+
+class PredictiveConfig(SettingsModel):
+    """The `predictive` policy: SLO classes, and the seeds of the cost models it learns online per
+    engine (the H200 Llama-3.1-8B timing profile's figures unless set)."""
+
+    slo_classes: list[SloClass] = Field(
+        default_factory=lambda: [SloClass()], alias="sloClasses", min_length=1
+    )
+    """Targets per priority level; trusted clients may set their own (`x-slo-ttft-ms`,
+    `x-slo-tpot-ms`)."""
+    prefill_base_ms: float = Field(6.3, ge=0, alias="prefillBaseMs")
+    """Seed: fixed cost of a prefill request."""
+    prefill_ms_per_kilo_token: float = Field(24.0, gt=0, alias="prefillMsPerKiloToken")
+    """Seed: prefill time per 1,000 tokens (queued ahead or own)."""
+    handoff_base_ms: float = Field(7.0, ge=0, alias="handoffBaseMs")
+    """Seed: fixed cost of a KV handoff (the pull's latency and the decode engine's first step)."""
+    handoff_ms_per_kilo_token: float = Field(2.9, ge=0, alias="handoffMsPerKiloToken")
+    """Seed: KV pull time per 1,000 prompt tokens."""
+    step_base_ms: float = Field(6.3, gt=0, alias="stepBaseMs")
+    """Seed: fixed cost of a decode step."""
+    step_ms_per_stream: float = Field(0.022, ge=0, alias="stepMsPerStream")
+    """Seed: decode step time per stream in the batch."""
+    step_ms_per_kilo_context: float = Field(0.028, ge=0, alias="stepMsPerKiloContext")
+    """Seed: decode step time per 1,000 tokens of context in the batch."""
+    prefill_chunk_tokens: int = Field(8192, ge=1, alias="prefillChunkTokens")
+    """The engines' max_num_batched_tokens: the largest prefill chunk one decode step carries."""
+    forget: float = Field(0.98, gt=0.5, le=1, alias="forgetFactor")
+    """Weight of a cost sample after each newer one (an effective window of 1 / (1 - forget))."""
+    meet_probability: float = Field(0.5, gt=0, lt=1, alias="meetProbability")
+    """A placement counts as meeting a target when it is predicted to with at least this
+    probability; a sheddable request with no such placement is refused."""
+
+
+class ScoringConfig(SettingsModel):
+    """Router placement: the weighted sum of scorer values (`weighted`), or predicted TTFT, TPOT
+    and output length against SLO targets (`predictive`)."""
+
+    policy: Literal["weighted", "predictive"] = "weighted"
+    """weighted: the scorers' weighted sum and the uncached-length rule for P/D; predictive: the
+    placement most likely to meet the request's SLO targets, then the cheapest, and P/D only
+    where it is predicted to help (docs/router.md, "Predictive placement")."""
+    predictive: PredictiveConfig = Field(default_factory=PredictiveConfig)
+    """Settings of the `predictive` policy."""
     prefix_weight: float = Field(3.0, ge=0, alias="prefixWeight")
     """Weight of the prefix-cache hit fraction."""
     queue_weight: float = Field(2.0, ge=0, alias="queueWeight")

@@ -94,6 +94,8 @@ def _jsonable(value: Any) -> Any:
     # level without applying the nested defaults first.
     if isinstance(value, BaseModel):
         return value.model_dump(mode="json", by_alias=True, exclude_none=True)
+    if isinstance(value, list):
+        return [_jsonable(item) for item in value]
     return value
 
 

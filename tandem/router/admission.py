@@ -1,7 +1,9 @@
 """Admission: a cap on requests in flight, and a bounded waiting queue per priority level.
 
-Lower priority values are served first (as vLLM's `priority`); within a level, first come first
-served. A full level rejects at once with a Retry-After estimate.
+Lower priority values are served first (as vLLM's `priority`); within a level, the earliest
+deadline first (the least slack: the `predictive` policy passes arrival + TTFT target; the
+`weighted` policy passes none, which is first come first served). A full level rejects at once
+with a Retry-After estimate.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ def retry_after_seconds(waiting: int, max_in_flight: int, mean_service_s: float)
 @dataclass(order=True)
 class _Waiter:
     priority: int
+    deadline: float
     seq: int
     future: asyncio.Future[None] = field(compare=False)
 
@@ -74,7 +77,7 @@ class Admission:
             return True
         return False
 
-    async def acquire(self, priority: int = 0) -> None:
+    async def acquire(self, priority: int = 0, deadline: float = 0.0) -> None:
         if self.try_acquire():
             return
         level = self._waiting_by_priority.get(priority, 0)
@@ -82,7 +85,8 @@ class Admission:
             raise QueueFull(
                 retry_after_seconds(len(self._heap), self.max_in_flight, self.mean_service_s)
             )
-        waiter = _Waiter(priority, next(self._seq), asyncio.get_running_loop().create_future())
+        future = asyncio.get_running_loop().create_future()
+        waiter = _Waiter(priority, deadline, next(self._seq), future)
         heapq.heappush(self._heap, waiter)
         self._waiting_by_priority[priority] = level + 1
         try:

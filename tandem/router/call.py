@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tandem.router.httpserver import Request, Responder
+
+if TYPE_CHECKING:
+    from tandem.router.predict.predictor import Ticket
 
 
 class ClientError(Exception):
@@ -66,3 +69,7 @@ class Call:
     show_engines: bool  # a trusted client asked for the engines' addresses
     request_id: str
     timing: Timing
+    # the `predictive` policy's record of the request, and what its answer showed
+    ticket: Ticket | None = None
+    output_tokens: int | None = None  # stream events (or usage) of the answer
+    last_event: float | None = None  # perf_counter of the answer's last stream chunk

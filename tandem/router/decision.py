@@ -1,7 +1,8 @@
 """The routing plan of one request: decode ranking, route and its reason, prefill ranking.
 
-Everything here is a pure function of the request's features and a snapshot of the pool; the
-proxy gathers the inputs, calls `plan_route` and carries the plan out.
+Everything here is a pure function of the request's features and a snapshot of the pool (and,
+for the `predictive` policy, of the predictor's ledgers); the proxy gathers the inputs, calls
+`plan_route` and carries the plan out.
 """
 
 from __future__ import annotations
@@ -14,6 +15,10 @@ from enum import StrEnum
 from tandem.common.routing import DisaggregationConfig
 from tandem.router.config import RouterConfig
 from tandem.router.engines import Engine
+from tandem.router.predict.output_length import LengthKeys, LengthPrediction
+from tandem.router.predict.placement import Placement, PlacementInputs, place
+from tandem.router.predict.predictor import Predictor
+from tandem.router.predict.slo import SloTarget
 from tandem.router.rendezvous import hrw_order
 from tandem.router.scoring import Choice, score_engines
 
@@ -76,6 +81,18 @@ class RouteInputs:
     cached_blocks: Mapping[str, int]  # engine id -> blocks the index holds for it
     first_block_key: int | None = None  # the first block, keyed alike by every replica (affinity)
     session: str | None = None  # the client's session id (session header)
+    predictive: PredictiveInputs | None = None  # set under the `predictive` policy
+
+
+@dataclass(frozen=True, slots=True)
+class PredictiveInputs:
+    """What the `predictive` policy adds: the predictor's ledgers, the request's predicted output
+    and its SLO targets."""
+
+    predictor: Predictor
+    output: LengthPrediction
+    target: SloTarget
+    keys: LengthKeys  # the request's output-length keys, learned from once it is answered
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +101,7 @@ class RoutePlan:
     route: Route
     reason: Reason
     prefill_ranking: list[Choice]  # best first; empty unless disaggregated
+    placement: Placement | None = None  # the predictions behind it (`predictive` policy)
 
     @property
     def decode(self) -> Choice:
@@ -155,6 +173,8 @@ def plan_route(inputs: RouteInputs, config: RouterConfig) -> RoutePlan | None:
     """
     if not inputs.decoders:
         return None
+    if inputs.predictive is not None:
+        return predictive_plan(inputs, inputs.predictive, config)
     ranked = decode_ranking(inputs, config)
     best = ranked[0]
     uncached = max(inputs.prompt_tokens - best.hit_blocks * config.block_size, 0)
@@ -163,9 +183,56 @@ def plan_route(inputs: RouteInputs, config: RouterConfig) -> RoutePlan | None:
         return RoutePlan(
             ranked, route, Reason.DISAGGREGATED, rank(inputs.prefillers, inputs, config)
         )
+    return RoutePlan(ranked, route, _local_reason(inputs, config), [])
+
+
+def _local_reason(inputs: RouteInputs, config: RouterConfig) -> Reason:
+    """`fallback` when a local route is only for want of a healthy prefill engine."""
     prefill_down = (
         not inputs.prefillers
         and inputs.any_prefill_configured
         and config.disaggregation.mode != "never"
     )
-    return RoutePlan(ranked, route, Reason.FALLBACK if prefill_down else Reason.LOCAL, [])
+    return Reason.FALLBACK if prefill_down else Reason.LOCAL
+
+
+def predictive_plan(
+    inputs: RouteInputs, predictive: PredictiveInputs, config: RouterConfig
+) -> RoutePlan:
+    """The `predictive` policy's plan: `placement.place` over the healthy engines.
+
+    A session keeps its engine (the first of `decode_ranking`'s rendezvous order, the same on
+    every replica; the rest of that order follows for retries); the prediction then decides only
+    P/D or local. `n > 1` never disaggregates (a prefill answer hands off one sequence's KV).
+    """
+    decoders: Sequence[Engine] = inputs.decoders
+    session_order: list[Engine] = []
+    if inputs.session is not None:
+        session_order = [choice.engine for choice in decode_ranking(inputs, config)]
+        decoders = session_order[:1]
+    predictor = predictive.predictor
+    settings = config.scoring.predictive
+    placement = place(
+        decoders,
+        inputs.prefillers if inputs.n == 1 else (),
+        predictor.ledger,
+        PlacementInputs(
+            inputs.prompt_tokens,
+            config.block_size,
+            inputs.hits,
+            predictive.output,
+            predictive.target,
+            settings.meet_probability,
+            predictor.mean_uncached_tokens,
+            predictor.mean_stream_tokens,
+            inputs.first_block_key,
+        ),
+        config.disaggregation.mode,
+    )
+    hits = inputs.hits
+    ranking = [*placement.ranking, *session_order[1:]]
+    decode = [Choice(engine, 0.0, hits.get(engine.id, 0)) for engine in ranking]
+    if placement.prefill is not None:
+        prefill = [Choice(e, 0.0, hits.get(e.id, 0)) for e in placement.prefill_ranking]
+        return RoutePlan(decode, Route.DISAGGREGATED, Reason.DISAGGREGATED, prefill, placement)
+    return RoutePlan(decode, Route.LOCAL, _local_reason(inputs, config), [], placement)

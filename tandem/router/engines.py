@@ -39,28 +39,36 @@ class Engine:
     def load(self, running_weight: float = 0.25) -> float:
         """Requests ahead of a new request's first token on this engine:
 
-            load = max(pending, waiting + pending - pending_at_scrape)
-                   + running_weight * max(decoding, running + decoding - decoding_at_scrape)
+            load = queued() + running_weight * streams()
 
-        `pending` are the router's requests that have not had their first byte back yet (queued or
-        prefilling), `decoding = in_flight - pending`, `waiting`/`running` the engine's scraped
-        `vllm:num_requests_*` and `*_at_scrape` this router's own counts when they were scraped.
-        The router's counts are live but miss other router replicas; the engine's are complete but
-        up to one scrape interval old. So: the engine's figure brought forward by what this router
-        has added or finished since, never less than the router's own live count (for a single
-        router that is its exact count). A request that is already decoding delays a new one's
-        first token far less than a queued prefill under continuous batching, hence
-        `running_weight` (config `runningWeight`).
+        A request that is already decoding delays a new one's first token far less than a
+        queued prefill under continuous batching, hence `running_weight` (config
+        `runningWeight`).
+        """
+        return self.queued() + running_weight * self.streams()
+
+    def queued(self) -> float:
+        """Requests before their first token: max(pending, waiting + pending - pending_at_scrape).
+
+        `pending` are the router's requests that have not had their first byte back yet (queued
+        or prefilling), `waiting` the engine's scraped `vllm:num_requests_waiting` and
+        `pending_at_scrape` this router's own count when it was scraped. The router's counts are
+        live but miss other router replicas; the engine's are complete but up to one scrape
+        interval old. So: the engine's figure brought forward by what this router has added or
+        finished since, never less than the router's own live count (for a single router that is
+        its exact count).
         """
         pending = self.pending
-        decoding = self.in_flight - pending
         queued = self.waiting + (pending - self.pending_at_scrape)
-        if pending > queued:
-            queued = pending
+        return queued if queued > pending else pending
+
+    def streams(self) -> float:
+        """Requests decoding: max(decoding, running + decoding - decoding_at_scrape), with
+        `decoding = in_flight - pending` and `running` the scraped `vllm:num_requests_running`,
+        brought forward as in `queued`."""
+        decoding = self.in_flight - self.pending
         busy = self.running + (decoding - self.decoding_at_scrape)
-        if decoding > busy:
-            busy = decoding
-        return queued + running_weight * busy
+        return busy if busy > decoding else decoding
 
     def serves(self, role: Role) -> bool:
         return role in self.roles

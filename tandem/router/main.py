@@ -87,6 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         help="how long blocks of a sent request count as cached before its KV events arrive",
     )
+    p.add_argument(
+        "--policy",
+        choices=["weighted", "predictive"],
+        help="placement: weighted scorers, or predicted TTFT/TPOT against SLO targets",
+    )
     p.add_argument("--prefix-weight", type=float)
     p.add_argument("--queue-weight", type=float)
     p.add_argument("--kv-usage-weight", type=float)
@@ -200,6 +205,7 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
             assert isinstance(auth, dict)
             auth[key] = value
     for section, key, value in (
+        ("scoring", "policy", args.policy),
         ("scoring", "prefixWeight", args.prefix_weight),
         ("scoring", "queueWeight", args.queue_weight),
         ("scoring", "kvUsageWeight", args.kv_usage_weight),

@@ -21,6 +21,7 @@ _LATENCY = (
 )  # fmt: skip
 _ITL = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.5)
 _ROUTING = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01)
+_ERROR_RATIO = (0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0)
 
 
 class _Collector(Collector):
@@ -145,6 +146,14 @@ class RouterMetrics:
             "tandem_router_kv_event_errors_total",
             "KV-event batches or subscriptions that failed (the subscriber logs and resubscribes).",
             ["endpoint", "kind"],
+        )
+        self.prediction_error = HistogramFamily(
+            "tandem_router_prediction_error_ratio",
+            "Predictive policy: |observed - predicted| / observed per request (its _sum / _count "
+            "is the MAPE): ttft, prefill, tpot, output_tokens, and output_tokens_mean (the "
+            "running mean as the prediction, the baseline).",
+            ["quantity"],
+            buckets=_ERROR_RATIO,
         )
         families = [
             v for v in vars(self).values() if isinstance(v, HistogramFamily | CounterFamily)

@@ -19,12 +19,22 @@ import msgspec
 from tandem.router.admission import QueueFull, parse_priority
 from tandem.router.call import Call, ClientError, Timing
 from tandem.router.config import RouterConfig
-from tandem.router.decision import Reason, Route, RouteInputs, RoutePlan, plan_route
+from tandem.router.decision import (
+    PredictiveInputs,
+    Reason,
+    Route,
+    RouteInputs,
+    RoutePlan,
+    plan_route,
+)
 from tandem.router.engines import Engine
 from tandem.router.errors import error_body, sse_error_event
 from tandem.router.features import Features
 from tandem.router.handoff import handoff_problem, prefill_body
 from tandem.router.httpserver import Request, Responder
+from tandem.router.predict.output_length import length_keys
+from tandem.router.predict.placement import retry_after_s
+from tandem.router.predict.slo import TPOT_HEADER, TTFT_HEADER, SloTarget, slo_target
 from tandem.router.relay import DecodeAnswer, Relay
 from tandem.router.state import RouterState
 from tandem.router.trust import ClientTrust
@@ -61,6 +71,7 @@ class CompletionProxy:
         self._id_prefix = f"tdm-{os.urandom(6).hex()}-"
         self._ids = itertools.count(1)
         self.relay = Relay(self.metrics, self._upstream_failed)
+        self.predictor = state.predictor
 
     # -- entry -------------------------------------------------------------------------------
 
@@ -89,24 +100,38 @@ class CompletionProxy:
             request.headers.get("x-request-id") or f"{self._id_prefix}{next(self._ids):x}",
             timing,
         )
-        if not await self._admit(call, priority):
+        target = self._slo_target(request, priority, trusted)
+        deadline = 0.0 if target is None else timing.start + target.ttft_s
+        if not await self._admit(call, priority, deadline):
             return
         timing.queue_s = time.perf_counter() - timing.start
         self.metrics.child(self.metrics.queue, str(priority)).observe(timing.queue_s)
         try:
-            await self._within_deadline(call)
+            await self._within_deadline(call, target)
         finally:
             admission = self.state.admission
             admission.release()
             admission.observe_service_time(time.perf_counter() - timing.start - timing.queue_s)
 
-    async def _admit(self, call: Call, priority: int) -> bool:
+    def _slo_target(self, request: Request, priority: int, trusted: bool) -> SloTarget | None:
+        """The request's SLO targets under the `predictive` policy (headers only when trusted)."""
+        if self.predictor is None:
+            return None
+        headers = request.headers
+        return slo_target(
+            self.config.scoring.predictive.slo_classes,
+            priority,
+            headers.get(TTFT_HEADER) if trusted else None,
+            headers.get(TPOT_HEADER) if trusted else None,
+        )
+
+    async def _admit(self, call: Call, priority: int, deadline: float) -> bool:
         """Waits for an admission slot; answers 429/503 itself and returns False when refused."""
         admission = self.state.admission
         try:
             if not admission.try_acquire():
                 async with asyncio.timeout(self.config.timeouts.request_s):
-                    await admission.acquire(priority)
+                    await admission.acquire(priority, deadline)
             return True
         except QueueFull as full:
             self.metrics.child(self.metrics.rejected, "queue_full").inc()
@@ -124,7 +149,7 @@ class CompletionProxy:
             )
         return False
 
-    async def _within_deadline(self, call: Call) -> None:
+    async def _within_deadline(self, call: Call, target: SloTarget | None) -> None:
         """Serves the call; past `request_s` ends it with a 504 (or a 504 event mid-stream)."""
         # One timer per request that cancels it (cheaper than asyncio.timeout on the hot path).
         task = asyncio.current_task()
@@ -140,7 +165,7 @@ class CompletionProxy:
         deadline = asyncio.get_running_loop().call_later(limit, expire)
         responder = call.responder
         try:
-            await self._serve(call)
+            await self._serve(call, target)
         except asyncio.CancelledError:
             if not expired:
                 self.metrics.disconnects.inc()
@@ -165,7 +190,9 @@ class CompletionProxy:
         except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
             raise ClientError(400, error_body(400, f"cannot tokenize the request: {exc}")) from None
 
-    def _plan(self, call: Call, features: Features) -> tuple[RoutePlan | None, str]:
+    def _plan(
+        self, call: Call, features: Features, target: SloTarget | None
+    ) -> tuple[RoutePlan | None, str, PredictiveInputs | None]:
         """Gathers the plan's inputs from the state and calls `plan_route`; returns the index name."""
         state = self.state
         exact = state.use_exact and features.exact
@@ -174,6 +201,8 @@ class CompletionProxy:
         prefillers = [e for e in state.pool.candidates("prefill") if not e.colocated]
         engines = [e.id for e in (*decoders, *prefillers)]
         keys = features.keys
+        session = call.request.headers.get(self._session_header) or None
+        predictive = self._predictive(call, features, session, target)
         inputs = RouteInputs(
             prompt_tokens=features.prompt_tokens,
             total_blocks=len(keys),
@@ -184,23 +213,69 @@ class CompletionProxy:
             hits=index.match(keys, engines) if keys else {},
             cached_blocks={e: index.size(e) for e in engines} if len(engines) > 1 else {},
             first_block_key=features.first_block_key,
-            session=call.request.headers.get(self._session_header) or None,
+            session=session,
+            predictive=predictive,
         )
-        return plan_route(inputs, self.config), "exact" if exact else "approximate"
+        index_name = "exact" if exact else "approximate"
+        return plan_route(inputs, self.config), index_name, predictive
+
+    def _predictive(
+        self, call: Call, features: Features, session: str | None, target: SloTarget | None
+    ) -> PredictiveInputs | None:
+        predictor = self.predictor
+        if predictor is None or target is None:
+            return None
+        body = call.body
+        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
+        max_tokens = max_tokens if isinstance(max_tokens, int) else None
+        group = session if session is not None else features.first_block_key
+        keys = length_keys(call.chat, max_tokens, features.prompt_tokens, group)
+        output = predictor.lengths.predict(keys, max_tokens)
+        return PredictiveInputs(predictor, output, target, keys)
 
     # -- carrying a plan out -----------------------------------------------------------------
 
-    async def _serve(self, call: Call) -> None:
-        timing = call.timing
+    async def _serve(self, call: Call, target: SloTarget | None) -> None:
         t_route = time.perf_counter()
         features = await self._features(call)
-        plan, index_name = self._plan(call, features)
+        plan, index_name, predictive = self._plan(call, features, target)
         metrics = self.metrics
         if plan is None:
             metrics.child(metrics.requests, "none", "503").inc()
             raise ClientError(
                 503, error_body(503, "no healthy decode engine"), [("retry-after", "2")]
             )
+        placement = plan.placement
+        if placement is None or predictive is None:
+            await self._carry_out(call, features, plan, index_name, t_route)
+            return
+        target = predictive.target
+        if placement.shed:
+            metrics.child(metrics.rejected, "slo").inc()
+            metrics.child(metrics.requests, "none", "429").inc()
+            raise ClientError(
+                429,
+                error_body(429, "The request's SLO targets cannot be met now; retry later."),
+                [("retry-after", str(retry_after_s(placement, target)))],
+            )
+        ticket = call.ticket = predictive.predictor.ticket(
+            placement,
+            features.prompt_tokens,
+            predictive.output,
+            predictive.keys,
+            target,
+            call.body.get("stream") is True,
+        )
+        try:
+            await self._carry_out(call, features, plan, index_name, t_route)
+        finally:
+            ticket.finished(call.output_tokens, call.last_event)
+
+    async def _carry_out(
+        self, call: Call, features: Features, plan: RoutePlan, index_name: str, t_route: float
+    ) -> None:
+        timing = call.timing
+        metrics = self.metrics
         total_blocks = len(features.keys)
         hit_blocks = plan.decode.hit_blocks
         metrics.child(metrics.prefix_query_blocks, index_name).inc(total_blocks)
@@ -211,6 +286,8 @@ class CompletionProxy:
         metrics.routing.observe(timing.schedule_s)
 
         handoff = await self._prefill(call, plan.prefill_ranking) if plan.prefill_ranking else None
+        if call.ticket is not None:
+            call.ticket.prefilled(handoff is not None, timing.prefill_s)
         reason = plan.reason
         if plan.route is Route.DISAGGREGATED and handoff is None:
             reason = Reason.FALLBACK  # every prefill engine failed: the decode engine prefills

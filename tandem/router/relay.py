@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tandem.router.call import Call, ClientError, Timing
+from tandem.router.call import Call, ClientError
 from tandem.router.decision import Route
 from tandem.router.engines import Engine
 from tandem.router.errors import error_body, sse_error_event
@@ -65,7 +65,9 @@ class Relay:
             engine.pending -= 1
         if self._kv_failed(answer, response.status, False, data):
             return True
-        self.first_byte(call.timing, engine, route, headers)
+        self.first_byte(call, engine, route, headers)
+        if call.ticket is not None:
+            call.output_tokens = completion_tokens(data)
         content_type = response.header("content-type") or "application/json"
         call.responder.send(response.status, data, headers, content_type)
         metrics.child(metrics.e2e, route.value, engine.id).observe(
@@ -91,6 +93,8 @@ class Relay:
         itl = metrics.child(metrics.itl, engine.id)
         pending = True
         last = 0.0
+        counting = call.ticket is not None
+        events = 0
         try:
             async for chunk in response.chunks():
                 if pending:
@@ -98,12 +102,14 @@ class Relay:
                     pending = False
                     if self._kv_failed(answer, status, True, chunk):
                         return True
-                    last = self.first_byte(call.timing, engine, route, headers)
+                    last = self.first_byte(call, engine, route, headers)
                     responder.start(status, headers, content_type)
                 else:
                     now = time.perf_counter()
                     itl.observe(now - last)
                     last = now
+                if counting:
+                    events += chunk.count(b"data:")
                 await responder.write(chunk)
         except UpstreamError as exc:
             self.on_failure("decode", engine, exc)
@@ -119,6 +125,9 @@ class Relay:
         if not responder.started:  # an empty stream
             responder.start(status, headers, content_type)
         responder.end()
+        if counting and status == 200:
+            call.output_tokens = output_events(call, events)
+            call.last_event = last
         metrics.child(metrics.e2e, route.value, engine.id).observe(
             time.perf_counter() - call.timing.start
         )
@@ -126,13 +135,39 @@ class Relay:
         return False
 
     def first_byte(
-        self, timing: Timing, engine: Engine, route: Route, headers: list[tuple[str, str]]
+        self, call: Call, engine: Engine, route: Route, headers: list[tuple[str, str]]
     ) -> float:
         """Records the stages that end at the decode pod's first body byte; returns its time."""
         now = time.perf_counter()
+        timing = call.timing
+        if call.ticket is not None:
+            call.ticket.first_byte(engine, now, timing.upstream_start, timing.prefill_done)
         metrics = self.metrics
         if timing.prefill_done is not None:
             metrics.child(metrics.kv_handoff, engine.id).observe(now - timing.prefill_done)
         metrics.child(metrics.ttft, route.value, engine.id).observe(now - timing.start)
         timing.add_headers(headers, now)
         return now
+
+
+def output_events(call: Call, events: int) -> int:
+    """A stream's output tokens as its events show them: every `data:` event but `[DONE]`, chat's
+    opening role event and the usage event when asked for (an engine that sends several tokens
+    per event makes this an undercount)."""
+    extra = 1 + call.chat
+    options = call.body.get("stream_options")
+    if isinstance(options, dict) and options.get("include_usage"):
+        extra += 1
+    return max(events - extra, 0)
+
+
+def completion_tokens(data: bytes) -> int | None:
+    """`usage.completion_tokens` of a whole answer, found without parsing the body."""
+    at = data.rfind(b'"completion_tokens":')
+    if at < 0:
+        return None
+    digits = data[at + 20 : at + 32].lstrip(b" ")
+    end = 0
+    while end < len(digits) and 48 <= digits[end] <= 57:
+        end += 1
+    return int(digits[:end]) if end else None

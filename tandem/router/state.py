@@ -14,6 +14,7 @@ from tandem.router.engines import EnginePool
 from tandem.router.features import featurizer_of
 from tandem.router.index import PrefixIndex
 from tandem.router.metrics import RouterMetrics
+from tandem.router.predict.predictor import Predictor
 from tandem.router.upstream import Upstreams
 
 
@@ -30,6 +31,12 @@ class RouterState:
         self.admission = Admission(
             admission.max_in_flight, admission.max_queue, admission.max_queue_per_priority
         )
+        # the `predictive` policy's ledgers and models; None under `weighted`
+        self.predictor = (
+            Predictor(config.scoring.predictive, self.metrics)
+            if config.scoring.policy == "predictive"
+            else None
+        )
         engine_key = EngineKey.from_config(config)
         self.upstreams = Upstreams(
             config.timeouts.connect_s, engine_key.header if engine_key else None
@@ -40,3 +47,5 @@ class RouterState:
         self.approx_index.drop_engine(engine_id)
         self.upstreams.drop(engine_id)
         self.metrics.forget_endpoint(engine_id)
+        if self.predictor is not None:
+            self.predictor.forget(engine_id)

@@ -1,0 +1,214 @@
+"""The predictive policy's state at the edge of the router: per-engine ledgers, the output-length
+model, and the tickets through which the proxy reports what happened to each request.
+
+A `Ticket` holds what the plan predicted and what it added to the ledgers, and takes it back as
+the request moves on (prefill answered, first byte, end), feeding each observation to the model
+that predicted it:
+
+    P/D prefill answered    -> prefill model of the prefill engine: (ahead + uncached, prefill s)
+    first byte, local       -> prefill model of the decode engine: (ahead + uncached, upstream s)
+    first byte, P/D         -> handoff model of the decode engine: (prompt tokens, handoff s)
+    end of a stream         -> step model of the decode engine: (streams + 1, context, TPOT), with
+                               TPOT = (last event - first byte) / (output events - 1)
+                            -> output-length model: the stream's output events
+    every TTFT and TPOT     -> sigma² ← sigma² + 0.05 · (ln(observed / predicted)² - sigma²) of its engine,
+                               and |observed - predicted| / observed into
+                               tandem_router_prediction_error_ratio{quantity}
+
+The TTFT predicted and observed is the upstream part (first upstream request → first byte): the
+router's own queue and scheduling come before it. A non-streaming answer's first byte comes with
+its last, so it teaches only the P/D prefill model.
+"""
+
+from __future__ import annotations
+
+import math
+
+from tandem.common.routing import PredictiveConfig
+from tandem.router.engines import Engine
+from tandem.router.metrics import RouterMetrics
+from tandem.router.predict.cost_model import EngineCosts
+from tandem.router.predict.ledger import ERROR_WEIGHT, EngineLedger
+from tandem.router.predict.output_length import LengthKeys, LengthPrediction, OutputLengthModel
+from tandem.router.predict.placement import Placement
+from tandem.router.predict.slo import SloTarget
+
+MEAN_WEIGHT = 0.02  # the running means of request sizes: a window of about 50 requests
+
+
+class Predictor:
+    def __init__(self, config: PredictiveConfig, metrics: RouterMetrics) -> None:
+        self.config = config
+        self.metrics = metrics
+        self.lengths = OutputLengthModel()
+        self.ledgers: dict[str, EngineLedger] = {}
+        self.mean_uncached_tokens = 512.0
+        self.mean_stream_tokens = 1024.0
+        self._prefill_seed = (
+            config.prefill_base_ms * 1e-3,
+            config.prefill_ms_per_kilo_token * 1e-3,
+        )
+        self._handoff_seed = (
+            config.handoff_base_ms * 1e-3,
+            config.handoff_ms_per_kilo_token * 1e-3,
+        )
+        self._step_seed = (
+            config.step_base_ms * 1e-3,
+            config.step_ms_per_stream * 1e-3,
+            config.step_ms_per_kilo_context * 1e-3,
+        )
+
+    def ledger(self, engine: Engine) -> EngineLedger:
+        ledger = self.ledgers.get(engine.id)
+        if ledger is None:
+            costs = EngineCosts(
+                self._prefill_seed, self._handoff_seed, self._step_seed, self.config.forget
+            )
+            ledger = self.ledgers[engine.id] = EngineLedger(costs)
+        return ledger
+
+    def forget(self, engine_id: str) -> None:
+        self.ledgers.pop(engine_id, None)
+
+    def ticket(
+        self,
+        placement: Placement,
+        prompt_tokens: int,
+        output: LengthPrediction,
+        keys: LengthKeys,
+        target: SloTarget,
+        streaming: bool,
+    ) -> Ticket:
+        uncached = placement.prefill.uncached if placement.prefill else placement.decode.uncached
+        self.mean_uncached_tokens += MEAN_WEIGHT * (uncached - self.mean_uncached_tokens)
+        return Ticket(self, placement, prompt_tokens, output, keys, target, streaming)
+
+    def observe_error(self, quantity: str, predicted: float, observed: float) -> float:
+        """Records |observed - predicted| / observed; returns ln(observed / predicted)²."""
+        if observed <= 0.0 or predicted <= 0.0:
+            return 0.0
+        self.metrics.child(self.metrics.prediction_error, quantity).observe(
+            abs(observed - predicted) / observed
+        )
+        return math.log(observed / predicted) ** 2
+
+
+class Ticket:
+    """One request's predictions and its share of the ledgers (module docstring)."""
+
+    __slots__ = (
+        "_first_byte",
+        "_prefill_held",
+        "_queued_on",
+        "_stream_on",
+        "_stream_tokens",
+        "keys",
+        "output",
+        "placement",
+        "predictor",
+        "prompt_tokens",
+        "streaming",
+        "target",
+    )
+
+    def __init__(
+        self,
+        predictor: Predictor,
+        placement: Placement,
+        prompt_tokens: int,
+        output: LengthPrediction,
+        keys: LengthKeys,
+        target: SloTarget,
+        streaming: bool,
+    ) -> None:
+        self.predictor = predictor
+        self.placement = placement
+        self.prompt_tokens = prompt_tokens
+        self.output = output
+        self.keys = keys
+        self.target = target
+        self.streaming = streaming
+        prefill = placement.prefill
+        self._queued_on: EngineLedger | None = (
+            prefill.ledger if prefill else placement.decode.ledger
+        )
+        self._prefill_held = prefill.uncached if prefill else placement.decode.uncached
+        self._queued_on.queued_tokens += self._prefill_held
+        self._stream_on: EngineLedger | None = None
+        self._stream_tokens = prompt_tokens + output.median * 0.5
+        self._first_byte: float | None = None
+
+    def _release_queue(self) -> None:
+        if self._queued_on is not None:
+            self._queued_on.queued_tokens -= self._prefill_held
+            self._queued_on = None
+
+    def prefilled(self, handed_off: bool, seconds: float | None) -> None:
+        """The P/D prefill answered (`handed_off`: with a KV handoff the decode engine will pull)."""
+        prefill = self.placement.prefill
+        if prefill is None:
+            return
+        self._release_queue()
+        if handed_off and seconds is not None:
+            predicted = prefill.ttft_s
+            ledger = prefill.ledger
+            ledger.costs.observe_prefill(prefill.ahead + prefill.uncached, seconds)
+            squared = self.predictor.observe_error("prefill", predicted, seconds)
+            ledger.ttft_squared_log_error += ERROR_WEIGHT * (
+                squared - ledger.ttft_squared_log_error
+            )
+
+    def first_byte(
+        self, engine: Engine, now: float, upstream_start: float | None, prefill_done: float | None
+    ) -> None:
+        """The decode engine's first body byte: the prefill is over, a stream starts on `engine`."""
+        predictor = self.predictor
+        placement = self.placement
+        local = placement.prefill is None
+        self._release_queue()
+        self._first_byte = now
+        ledger = predictor.ledger(engine)
+        if self.streaming and upstream_start is not None and engine is placement.decode.engine:
+            observed = now - upstream_start
+            if local:
+                decode = placement.decode
+                ledger.costs.observe_prefill(decode.ahead + decode.uncached, observed)
+            elif prefill_done is not None:
+                ledger.costs.observe_handoff(self.prompt_tokens, now - prefill_done)
+            squared = predictor.observe_error("ttft", placement.ttft_s, observed)
+            ledger.ttft_squared_log_error += ERROR_WEIGHT * (
+                squared - ledger.ttft_squared_log_error
+            )
+        ledger.add_stream(self._stream_tokens, self.output.median, self.target.tpot_s)
+        self._stream_on = ledger
+
+    def finished(self, output_tokens: int | None, last_event: float | None) -> None:
+        """The request is over (answered, failed or abandoned): everything held is given back, and
+        a complete stream teaches the step and output-length models."""
+        self._release_queue()
+        ledger = self._stream_on
+        if ledger is None:
+            return
+        self._stream_on = None
+        ledger.end_stream(self._stream_tokens, self.output.median, self.target.tpot_s)
+        if output_tokens is None:
+            return
+        predictor = self.predictor
+        predictor.mean_stream_tokens += MEAN_WEIGHT * (
+            self._stream_tokens - predictor.mean_stream_tokens
+        )
+        lengths = predictor.lengths
+        predictor.observe_error("output_tokens_mean", lengths.mean_tokens, output_tokens)
+        predictor.observe_error("output_tokens", self.output.median, output_tokens)
+        lengths.observe(self.keys, self.output, output_tokens)
+        first = self._first_byte
+        if output_tokens < 2 or last_event is None or first is None or last_event <= first:
+            return
+        tpot = (last_event - first) / (output_tokens - 1)
+        decode = self.placement.decode
+        if ledger is decode.ledger:
+            ledger.costs.observe_step(decode.streams + 1, decode.context + self.prompt_tokens, tpot)
+            squared = predictor.observe_error("tpot", decode.tpot_s, tpot)
+            ledger.tpot_squared_log_error += ERROR_WEIGHT * (
+                squared - ledger.tpot_squared_log_error
+            )

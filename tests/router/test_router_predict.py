@@ -1,0 +1,400 @@
+"""The predictive policy's predictors and decision rules, as pure functions (no sockets needed)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+from collections.abc import Callable
+
+import pytest
+
+from tandem.common.routing import PredictiveConfig, SloClass
+from tandem.router.admission import Admission
+from tandem.router.config import RouterConfig
+from tandem.router.decision import PredictiveInputs, Route, RouteInputs, plan_route
+from tandem.router.engines import Engine
+from tandem.router.metrics import RouterMetrics
+from tandem.router.predict.cost_model import EngineCosts, OnlineLinear
+from tandem.router.predict.ledger import EngineLedger
+from tandem.router.predict.output_length import (
+    LengthPrediction,
+    OutputLengthModel,
+    length_keys,
+)
+from tandem.router.predict.placement import (
+    PlacementInputs,
+    kv_overflows,
+    place,
+    retry_after_s,
+)
+from tandem.router.predict.predictor import Predictor
+from tandem.router.predict.slo import SloTarget, meet_probability, slo_class, slo_target
+from tandem.router.relay import completion_tokens
+
+# -- cost model ---------------------------------------------------------------------------------
+
+
+def test_online_linear_converges_to_the_true_line() -> None:
+    rng = random.Random(1)
+    model = OnlineLinear([0.001, 0.001], [0.5, 0.5], forget=0.98)
+    for _ in range(300):
+        k = rng.uniform(0.1, 4.0)
+        model.update((1.0, k), 0.006 + 0.05 * k + rng.gauss(0, 0.001))
+    assert model.theta[0] == pytest.approx(0.006, abs=0.002)
+    assert model.theta[1] == pytest.approx(0.05, rel=0.05)
+
+
+def test_online_linear_follows_a_change_and_stays_non_negative() -> None:
+    model = OnlineLinear([0.01, 0.02], [0.5, 0.5], forget=0.9)
+    for i in range(200):
+        k = 1.0 + (i % 5)
+        model.update((1.0, k), 0.2 * k if i >= 100 else 0.001 * k)
+    assert model.theta[1] == pytest.approx(0.2, rel=0.02)
+    for _ in range(50):  # a sample below any non-negative fit
+        model.update((1.0, 1.0), -1.0)
+    assert min(model.theta) >= 0.0
+
+
+def test_online_linear_covariance_stays_bounded_without_new_information() -> None:
+    model = OnlineLinear([0.01, 0.02], [0.5, 0.5], forget=0.9)
+    for _ in range(500):
+        model.update((1.0, 2.0), 0.05)  # one point over and over: no information on the slope
+    assert sum(model._p[i][i] for i in range(2)) <= 1.0 + 1e-9
+    assert model.predict((1.0, 2.0)) == pytest.approx(0.05, rel=1e-3)
+
+
+def test_engine_costs_formulas_and_learning() -> None:
+    costs = EngineCosts((0.006, 0.024), (0.007, 0.003), (0.006, 0.00002, 0.00003), forget=0.98)
+    assert costs.prefill_s(2000) == pytest.approx(0.006 + 0.048)
+    assert costs.handoff_s(1000) == pytest.approx(0.010)
+    assert costs.step_s(10, 20000) == pytest.approx(0.006 + 0.0002 + 0.0006)
+    assert costs.prefill_s_per_token() == pytest.approx(2.4e-5)
+    for tokens in (500, 1000, 2000, 4000) * 20:  # an engine four times slower than the seed
+        costs.observe_prefill(tokens, 0.006 + 4 * 2.4e-5 * tokens)
+    assert costs.prefill_s(3000) == pytest.approx(0.006 + 4 * 2.4e-5 * 3000, rel=0.05)
+
+
+# -- output length ------------------------------------------------------------------------------
+
+
+def test_length_keys_levels() -> None:
+    assert length_keys(True, 100, 1000, None) == ((True, 6), (True, 6, 9))
+    assert length_keys(False, None, 0, "s1")[-1] == (False, -1, 0, "s1")
+
+
+def test_output_length_learns_per_key_and_beats_the_mean() -> None:
+    rng = random.Random(2)
+    model = OutputLengthModel()
+    groups = {"short": 20, "long": 800}
+    errors, baseline = [], []
+    for i in range(2000):
+        name = rng.choice(list(groups))
+        keys = length_keys(True, 1024, 300, name)
+        predicted = model.predict(keys, 1024)
+        actual = max(1, int(groups[name] * math.exp(rng.gauss(0, 0.3))))
+        if i > 500:
+            errors.append(abs(predicted.median - actual) / actual)
+            baseline.append(abs(model.mean_tokens - actual) / actual)
+        model.observe(keys, predicted, actual)
+    assert sum(errors) / len(errors) < 0.35
+    assert sum(errors) / len(errors) < 0.25 * (sum(baseline) / len(baseline))
+
+
+def test_output_length_unseen_key_leans_on_its_coarser_key() -> None:
+    model = OutputLengthModel()
+    for _ in range(300):
+        keys = length_keys(False, 512, 100, "seen")
+        model.observe(keys, model.predict(keys, 512), 400)
+    unseen = model.predict(length_keys(False, 512, 100, "new group"), 512)
+    assert unseen.median == pytest.approx(400, rel=0.1)
+    assert model.predict(length_keys(False, 512, 100, None), 16).p90 <= 16  # max_tokens caps
+
+
+def test_output_length_p90_is_calibrated_on_a_skewed_distribution() -> None:
+    rng = random.Random(3)
+    model = OutputLengthModel()
+    keys = length_keys(True, 4096, 50, None)
+    above, total = 0, 0
+    for i in range(4000):
+        predicted = model.predict(keys, 4096)
+        actual = 10 if rng.random() < 0.6 else int(rng.paretovariate(1.2) * 200)  # not log-normal
+        if i >= 1000:
+            above += actual > predicted.p90
+            total += 1
+        model.observe(keys, predicted, min(actual, 4096))
+    assert above / total == pytest.approx(0.1, abs=0.03)
+
+
+# -- SLO ----------------------------------------------------------------------------------------
+
+CLASSES = [
+    SloClass(min_priority=-100, ttft_ms=500, tpot_ms=50),
+    SloClass(min_priority=10, ttft_ms=5000, tpot_ms=200, sheddable=True),
+]
+
+
+def test_slo_class_by_priority_and_headers() -> None:
+    assert slo_class(CLASSES, 0).ttft_ms == 500
+    assert slo_class(CLASSES, 10).sheddable
+    assert slo_class(CLASSES[1:], -50).ttft_ms == 5000  # below every class: the lowest
+    assert slo_target(CLASSES, 50, "250", None) == SloTarget(0.25, 0.2, True)
+    assert slo_target(CLASSES, 0, "nan", "-3") == SloTarget(0.5, 0.05, False)
+
+
+def test_meet_probability() -> None:
+    assert meet_probability(1.0, 1.0, 0.3) == pytest.approx(0.5)
+    assert meet_probability(0.5, 1.0, 0.3) > 0.98
+    assert meet_probability(2.0, 1.0, 0.3) < 0.02
+    assert meet_probability(0.0, 1.0, 0.3) == 1.0
+
+
+# -- placement ----------------------------------------------------------------------------------
+
+
+def engine(name: str, role: str) -> Engine:
+    roles = frozenset(("prefill", "decode")) if role == "both" else frozenset((role,))
+    return Engine(f"http://{name}:8000", roles)
+
+
+def ledger_table() -> tuple[dict[str, EngineLedger], Callable[[Engine], EngineLedger]]:
+    ledgers: dict[str, EngineLedger] = {}
+
+    def ledger_of(e: Engine) -> EngineLedger:
+        if e.id not in ledgers:
+            costs = EngineCosts((0.005, 0.025), (0.005, 0.003), (0.006, 0.0, 0.0), 0.98)
+            ledgers[e.id] = EngineLedger(costs)
+        return ledgers[e.id]
+
+    return ledgers, ledger_of
+
+
+def inputs_for(
+    prompt: int,
+    ttft_ms: float = 200,
+    tpot_ms: float = 50,
+    sheddable: bool = False,
+    hits: dict[str, int] | None = None,
+) -> PlacementInputs:
+    return PlacementInputs(
+        prompt_tokens=prompt,
+        block_size=16,
+        hits=hits or {},
+        output=LengthPrediction(100.0, 300.0),
+        target=SloTarget(ttft_ms / 1e3, tpot_ms / 1e3, sheddable),
+        meet_threshold=0.5,
+        mean_uncached_tokens=1000.0,
+        mean_stream_tokens=1000.0,
+    )
+
+
+def test_local_when_both_meet() -> None:
+    _, ledger_of = ledger_table()
+    d, p = engine("d", "decode"), engine("p", "prefill")
+    placement = place([d], [p], ledger_of, inputs_for(2000), "auto")
+    assert placement.prefill is None
+    assert placement.ranking == [d]
+    assert placement.ttft_s == pytest.approx(0.005 + 0.05)
+
+
+def test_pd_when_local_misses_its_ttft_and_pd_meets() -> None:
+    _, ledger_of = ledger_table()
+    d, p = engine("d", "decode"), engine("p", "prefill")
+    ledger_of(d).queued_tokens = 8000  # the decode engine has 8k tokens of prefill ahead
+    placement = place([d], [p], ledger_of, inputs_for(2000), "auto")
+    assert placement.prefill is not None
+    assert placement.prefill.engine is p
+    assert placement.prefill_ranking == [p]
+    assert placement.ttft_s == pytest.approx(0.055 + 0.005 + 0.006)
+
+
+def test_prefill_pool_behind_is_a_predicted_wait_and_keeps_it_local() -> None:
+    _, ledger_of = ledger_table()
+    d, p1, p2 = engine("d", "decode"), engine("p1", "prefill"), engine("p2", "prefill")
+    ledger_of(d).queued_tokens = 8000
+    ledger_of(p1).queued_tokens = 20000  # this router's own unfinished prefills
+    p2.waiting, p2.pending_at_scrape = 30, 0  # other routers' queue, seen in the engine's metrics
+    placement = place([d], [p1, p2], ledger_of, inputs_for(2000), "auto")
+    assert placement.prefill is None  # P/D would miss too: local, never a hop that loses
+    ledger_of(p1).queued_tokens = 0
+    placement = place([d], [p1, p2], ledger_of, inputs_for(2000), "auto")
+    assert placement.prefill is not None
+    assert placement.prefill.engine is p1
+
+
+def test_pd_when_local_prefill_would_stall_running_streams() -> None:
+    _, ledger_of = ledger_table()
+    d, p = engine("d", "decode"), engine("p", "prefill")
+    ledger = ledger_of(d)
+    for _ in range(4):  # four streams with 10 tokens left each and a 7 ms TPOT target
+        ledger.add_stream(1000, 20, 0.007)
+    d.in_flight = 4
+    # a 4,000-token prefill: 100 ms stall over 10 remaining tokens adds 10 ms per token
+    placement = place([d], [p], ledger_of, inputs_for(4000, ttft_ms=1000), "auto")
+    assert placement.prefill is not None
+    # a short prompt stalls them less than their target allows: local
+    placement = place([d], [p], ledger_of, inputs_for(16, ttft_ms=1000), "auto")
+    assert placement.prefill is None
+
+
+def test_pick_prefers_the_cached_engine_and_the_idle_one() -> None:
+    _, ledger_of = ledger_table()
+    a, b = engine("a", "both"), engine("b", "both")
+    hits = {a.id: 100}  # 1,600 of 2,000 tokens cached on a
+    placement = place([a, b], [], ledger_of, inputs_for(2000, hits=hits), "auto")
+    assert placement.decode.engine is a
+    assert placement.ranking == [a, b]
+    ledger_of(a).queued_tokens = 12000  # a is far behind: b meets the target, a does not
+    placement = place([a, b], [], ledger_of, inputs_for(2000, hits=hits), "auto")
+    assert placement.decode.engine is b
+
+
+def test_modes_and_colocated_engines() -> None:
+    _, ledger_of = ledger_table()
+    d, p, c = engine("d", "decode"), engine("p", "prefill"), engine("c", "both")
+    assert place([d], [p], ledger_of, inputs_for(2000), "always").prefill is not None
+    ledger_of(d).queued_tokens = 8000
+    assert place([d], [p], ledger_of, inputs_for(2000), "never").prefill is None
+    assert place([c], [p], ledger_of, inputs_for(2000), "auto").prefill is None
+
+
+def test_sheddable_request_is_shed_when_no_placement_meets() -> None:
+    _, ledger_of = ledger_table()
+    d = engine("d", "decode")
+    ledger_of(d).queued_tokens = 100000  # 2.5 s ahead
+    placement = place([d], [], ledger_of, inputs_for(1000, sheddable=True), "auto")
+    assert placement.shed
+    assert retry_after_s(placement, SloTarget(0.2, 0.05, True)) == 3
+    assert not place([d], [], ledger_of, inputs_for(1000), "auto").shed
+
+
+def test_kv_overflow_rules_an_engine_out() -> None:
+    ledger = EngineLedger(EngineCosts((0.005, 0.025), (0.005, 0.003), (0.006, 0.0, 0.0), 0.98))
+    ledger.add_stream(9000, 2000, 0.05)
+    full = engine("full", "decode")
+    full.kv_usage = 0.9
+    assert kv_overflows(full, ledger, 9000.0, 2000.0)
+    full.kv_usage = 0.5
+    assert not kv_overflows(full, ledger, 9000.0, 2000.0)
+
+
+# -- the plan and the ticket ----------------------------------------------------------------------
+
+
+def config(**scoring: object) -> RouterConfig:
+    return RouterConfig.model_validate(
+        {"servedModelName": "m", "static": {}, "scoring": {"policy": "predictive", **scoring}}
+    )
+
+
+def predictive_inputs(predictor: Predictor) -> PredictiveInputs:
+    keys = length_keys(False, 100, 2000, None)
+    return PredictiveInputs(
+        predictor, predictor.lengths.predict(keys, 100), SloTarget(0.2, 0.05, False), keys
+    )
+
+
+def test_plan_keeps_a_session_on_its_engine_and_n_above_one_local() -> None:
+    cfg = config()
+    predictor = Predictor(cfg.scoring.predictive, RouterMetrics())
+    d1, d2, p = engine("d1", "decode"), engine("d2", "decode"), engine("p", "prefill")
+    for e in (d1, d2):
+        predictor.ledger(e).queued_tokens = 8000
+
+    def inputs(n: int, session: str | None = None) -> RouteInputs:
+        return RouteInputs(
+            prompt_tokens=2000,
+            total_blocks=125,
+            n=n,
+            decoders=[d1, d2],
+            prefillers=[p],
+            any_prefill_configured=True,
+            hits={},
+            cached_blocks={},
+            session=session,
+            predictive=predictive_inputs(predictor),
+        )
+
+    session = plan_route(inputs(1, "alice"), cfg)
+    again = plan_route(inputs(1, "alice"), cfg)
+    assert session is not None
+    assert again is not None
+    assert session.decode.engine is again.decode.engine
+    assert {c.engine for c in session.decode_ranking} == {d1, d2}
+    assert session.route is Route.DISAGGREGATED
+    many = plan_route(inputs(2), cfg)
+    assert many is not None
+    assert many.route is Route.LOCAL
+    assert not many.prefill_ranking
+
+
+def test_ticket_holds_and_gives_back_and_teaches() -> None:
+    cfg = config()
+    metrics = RouterMetrics()
+    predictor = Predictor(cfg.scoring.predictive, metrics)
+    d = engine("d", "decode")
+    target = SloTarget(0.2, 0.05, False)
+    keys = length_keys(False, 100, 2000, None)
+    output = predictor.lengths.predict(keys, 100)
+    inputs = PlacementInputs(2000, 16, {}, output, target, 0.5, 1000.0, 1000.0)
+    placement = place([d], [], predictor.ledger, inputs, "auto")
+    ledger = predictor.ledger(d)
+    ticket = predictor.ticket(placement, 2000, output, keys, target, streaming=True)
+    assert ledger.queued_tokens == 2000
+    before = ledger.costs.prefill_s(2000)
+    ticket.first_byte(d, now=10.5, upstream_start=10.0, prefill_done=None)
+    assert ledger.queued_tokens == 0
+    assert ledger.streams == 1
+    assert ledger.tightest_tpot_s() == 0.05
+    assert ledger.costs.prefill_s(2000) > before  # 0.5 s observed against ~0.06 s predicted
+    ticket.finished(output_tokens=51, last_event=11.5)
+    assert ledger.streams == 0
+    assert ledger.stream_tokens == 0
+    assert not ledger.tpot_targets
+    assert ledger.costs.step_s(1, 2000) > 0.006  # 1 s over 50 tokens: 20 ms a step
+    text = metrics.render().decode()
+    for quantity in ("ttft", "tpot", "output_tokens", "output_tokens_mean"):
+        assert f'tandem_router_prediction_error_ratio_count{{quantity="{quantity}"}} 1.0' in text
+    ticket.finished(None, None)  # a second end gives nothing back twice
+    assert ledger.streams == 0
+
+
+def test_ticket_of_an_abandoned_request_gives_back_its_queue() -> None:
+    predictor = Predictor(PredictiveConfig(), RouterMetrics())
+    d, p = engine("d", "decode"), engine("p", "prefill")
+    predictor.ledger(d).queued_tokens = 8000
+    keys = length_keys(False, 100, 2000, None)
+    output = predictor.lengths.predict(keys, 100)
+    target = SloTarget(0.2, 0.05, False)
+    inputs = PlacementInputs(2000, 16, {}, output, target, 0.5, 1000.0, 1000.0)
+    placement = place([d], [p], predictor.ledger, inputs, "auto")
+    assert placement.prefill is not None
+    ticket = predictor.ticket(placement, 2000, output, keys, target, streaming=True)
+    assert predictor.ledger(p).queued_tokens == 2000
+    ticket.finished(None, None)
+    assert predictor.ledger(p).queued_tokens == 0
+
+
+async def test_admission_serves_a_level_by_deadline() -> None:
+    admission = Admission(max_in_flight=1, max_queue=8)
+    await admission.acquire(0)
+    order: list[str] = []
+
+    async def wait(name: str, deadline: float) -> None:
+        await admission.acquire(0, deadline)
+        order.append(name)
+        admission.release()
+
+    tasks = [
+        asyncio.create_task(wait(n, t)) for n, t in (("late", 9.0), ("soon", 1.0), ("mid", 5.0))
+    ]
+    await asyncio.sleep(0)
+    admission.release()
+    await asyncio.gather(*tasks)
+    assert order == ["soon", "mid", "late"]
+
+
+def test_completion_tokens_of_a_whole_answer() -> None:
+    body = b'{"choices":[],"usage":{"prompt_tokens":12,"completion_tokens": 37,"total_tokens":49}}'
+    assert completion_tokens(body) == 37
+    assert completion_tokens(b'{"choices":[]}') is None

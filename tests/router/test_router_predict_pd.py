@@ -1,0 +1,125 @@
+"""The predictive policy's P/D decision over real sockets: emulator engines of known speeds.
+
+The decode engine's timing profile charges 0.2 ms per prefill token on top of the H200 profile,
+so a long prompt misses its TTFT target there while a KV handoff to it does not; a fast prefill
+engine meets the target, so the router learns to disaggregate; a slow one (the prefill pool
+behind) is a predicted wait that misses it too, and the router keeps prefilling locally. The
+seeds are optimistic (1 ms per 1,000 tokens), so an engine is tried before it is known.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+from router_harness import DEBUG, Engine, Router, metric, metrics, running
+
+from tandem.emulator.profile import PROFILES_DIR, default_profile_name
+
+pytestmark = pytest.mark.timeout(180)
+
+# about 2,300 of the tiny model's tokens: ~0.5 s of prefill on the decode engine
+PROMPT_WORDS = 800
+WORDS = [
+    "the",
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "over",
+    "lazy",
+    "dog",
+    "router",
+    "cache",
+    "engine",
+    "token",
+    "prefill",
+    "decode",
+]
+TTFT_TARGET_MS = 250
+REQUESTS = 8
+
+
+def predictive_config(tmp_path: Path) -> Path:
+    path = tmp_path / "router.yaml"
+    seeds = {
+        "prefillBaseMs": 1.0,
+        "prefillMsPerKiloToken": 1.0,
+        "handoffBaseMs": 1.0,
+        "handoffMsPerKiloToken": 0.1,
+    }
+    config = {
+        "servedModelName": "tiny",
+        "static": {},
+        "scoring": {"policy": "predictive", "predictive": seeds},
+    }
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@pytest.fixture(scope="module")
+def decode(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
+    profile = yaml.safe_load((PROFILES_DIR / f"{default_profile_name()}.yaml").read_text())
+    profile["step"]["per_prefill_token_s"] = 2e-4
+    path = tmp_path_factory.mktemp("profile") / "slow-prefill.yaml"
+    path.write_text(yaml.safe_dump(profile))
+    engine = Engine("decode", speedup=1.0, extra=["--timing-profile", str(path)])
+    with running(engine):
+        yield engine
+
+
+def routes(router: Router, tag: str) -> list[str]:
+    """The route of each of REQUESTS sequential long prompts with a TTFT target, none of which
+    the decode engine (shared by the tests) has cached."""
+    seen = []
+    for i in range(REQUESTS):
+        rng = random.Random(f"{tag}{i}")
+        prompt = f"{tag} {i} " + " ".join(rng.choice(WORDS) for _ in range(PROMPT_WORDS))
+        body = {"model": "tiny", "prompt": prompt, "max_tokens": 4, "stream": True}
+        headers = {**DEBUG, "x-slo-ttft-ms": str(TTFT_TARGET_MS)}
+        with httpx.stream(
+            "POST", router.url + "/v1/completions", json=body, headers=headers, timeout=60
+        ) as response:
+            assert response.status_code == 200
+            events = [line for line in response.iter_lines() if line.startswith("data: ")]
+            assert events[-1] == "data: [DONE]"
+            seen.append(response.headers["x-tandem-route"])
+    return seen
+
+
+def start_router(prefill: Engine, decode: Engine, tmp_path: Path) -> Router:
+    config = predictive_config(tmp_path)
+    return Router(["--config", str(config), "--prefill", prefill.url, "--decode", decode.url])
+
+
+def test_a_fast_prefill_pool_is_used_once_local_is_known_to_miss(
+    decode: Engine, tmp_path: Path
+) -> None:
+    prefill = Engine("prefill", speedup=20.0)
+    router = start_router(prefill, decode, tmp_path)
+    with running(prefill, router):
+        seen = routes(router, "fast")
+        text = metrics(router.url)
+    # both predicted to meet at first: local (no hop); then local is known to miss its target
+    assert seen[0] == "local"
+    assert seen[-5:] == ["disaggregated"] * 5, seen
+    assert metric(text, "tandem_router_prediction_error_ratio_count", quantity="ttft") == REQUESTS
+    assert metric(text, "tandem_router_prediction_error_ratio_count", quantity="prefill") >= 5
+
+
+def test_a_prefill_pool_behind_is_a_predicted_wait_and_requests_stay_local(
+    decode: Engine, tmp_path: Path
+) -> None:
+    prefill = Engine("prefill", speedup=0.05)  # ~1.4 s per long prompt: far behind the target
+    router = start_router(prefill, decode, tmp_path)
+    with running(prefill, router):
+        seen = routes(router, "behind")
+        text = metrics(router.url)
+    # tried once while its speed was unknown, then predicted to miss: local from there on
+    assert seen.count("disaggregated") <= 1, seen
+    assert seen[-6:] == ["local"] * 6, seen
+    assert metric(text, "tandem_router_decisions_total", decision="disaggregated") <= 1
