@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +10,7 @@ import pytest
 from kubernetes import client as k8s
 
 from e2e.harness.binaries import Binaries
-from e2e.harness.cluster import ControlPlane
+from e2e.harness.cluster import ControlPlane, running_control_plane
 from e2e.harness.kube import eventually
 from e2e.harness.podrunner import PodRunner, RunningPod
 from e2e.harness.tools import Clients
@@ -31,18 +28,17 @@ def binaries() -> Binaries:
 
 @pytest.fixture(scope="session")
 def control_plane(binaries: Binaries) -> Iterator[ControlPlane]:
-    workdir = Path(tempfile.mkdtemp(prefix="tandem-e2e-"))
-    plane = ControlPlane(workdir, binaries)
-    plane.start()
-    try:
+    with running_control_plane(binaries) as plane:
         yield plane
-    finally:
-        plane.stop()
-        leftovers = plane.leftovers()
-        # TANDEM_E2E_KEEP=1 keeps certificates, etcd data and every process log for a look.
-        if not leftovers and not os.environ.get("TANDEM_E2E_KEEP"):
-            shutil.rmtree(workdir, ignore_errors=True)
-        assert not leftovers, f"control-plane processes left behind: {leftovers}"
+
+
+@pytest.fixture(scope="session")
+def api_server(binaries: Binaries) -> Iterator[ControlPlane]:
+    """etcd and kube-apiserver alone: for tests that ask the server itself (its defaulting), or
+    write Pods and their owners as the controllers and the kubelet would and need what they
+    write to stay as written."""
+    with running_control_plane(binaries, controllers=False) as plane:
+        yield plane
 
 
 @pytest.fixture(scope="session")

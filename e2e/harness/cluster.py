@@ -7,6 +7,7 @@ path and keeps the cluster up until Ctrl-C.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fcntl
 import os
 import shutil
@@ -16,7 +17,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import IO, Any
@@ -111,10 +112,19 @@ class ControlPlane:
     """Starts the components in dependency order with fresh PKI under `workdir`; `stop` undoes it."""
 
     def __init__(
-        self, workdir: Path, binaries: Binaries, apiserver_args: Sequence[str] = ()
+        self,
+        workdir: Path,
+        binaries: Binaries,
+        apiserver_args: Sequence[str] = (),
+        *,
+        controllers: bool = True,
     ) -> None:
         self.workdir = workdir
         self.binaries = binaries
+        # False: etcd and kube-apiserver alone. Objects then stay as a test writes them: no
+        # scheduler binds a Pod, no KWOK sets its status, no garbage collector or ReplicaSet
+        # controller deletes a Pod whose owners the test made.
+        self.controllers = controllers
         # Extra kube-apiserver flags (e.g. an audit log for counting a client's requests).
         self.apiserver_args = list(apiserver_args)
         self.pki_dir = workdir / "pki"
@@ -131,14 +141,16 @@ class ControlPlane:
     def start(self) -> None:
         started = time.monotonic()
         try:
-            self.pod_cidr = self._claim_pod_cidr()
+            if self.controllers:
+                self.pod_cidr = self._claim_pod_cidr()
             self._make_pki()
             self._start_etcd()
             self._start_apiserver()
-            self._start_controller_manager()
-            self._start_scheduler()
-            self._start_kwok()
-            self._create_gpu_node()
+            if self.controllers:
+                self._start_controller_manager()
+                self._start_scheduler()
+                self._start_kwok()
+                self._create_gpu_node()
         except BaseException:
             self.stop()
             raise
@@ -263,14 +275,20 @@ class ControlPlane:
         )
 
     def _start_apiserver(self) -> None:
+        self.start_apiserver("kube-apiserver", self.apiserver_port)
+
+    def start_apiserver(self, name: str, port: int) -> Child:
+        """A kube-apiserver on `port` over this plane's etcd, certificates and keys, ready. Called
+        again with another name and port it starts a second one beside the first, as a highly
+        available control plane runs several; `supervisor.stop` ends one, this starts it again."""
         child = self._start(
-            "kube-apiserver",
+            name,
             [
                 str(self.binaries.kube_apiserver),
                 f"--etcd-servers={self.etcd_url}",
                 "--bind-address=127.0.0.1",
                 "--advertise-address=127.0.0.1",
-                f"--secure-port={self.apiserver_port}",
+                f"--secure-port={port}",
                 f"--cert-dir={self.pki_dir}",
                 f"--tls-cert-file={self.serving.cert}",
                 f"--tls-private-key-file={self.serving.key}",
@@ -291,11 +309,12 @@ class ControlPlane:
         context = ssl.create_default_context(cafile=str(self.ca.cert_path))
         context.load_cert_chain(str(self.admin.cert), str(self.admin.key))
         wait_until(
-            lambda: _https_ok(f"{self.server}/readyz", context),
+            lambda: _https_ok(f"https://127.0.0.1:{port}/readyz", context),
             timeout_s=90,
-            what="kube-apiserver /readyz",
+            what=f"{name} /readyz",
             child=child,
         )
+        return child
 
     def _start_controller_manager(self) -> None:
         self._start_component(
@@ -396,6 +415,26 @@ class ControlPlane:
             what=f"node {NODE_NAME} Ready and untainted",
             child=self.children["kwok"],
         )
+
+
+@contextlib.contextmanager
+def running_control_plane(
+    binaries: Binaries, *, controllers: bool = True
+) -> Iterator[ControlPlane]:
+    """A ControlPlane in a fresh temp dir for a test fixture: stopped afterwards, its folder
+    removed, and a failure if any of its processes outlived it."""
+    workdir = Path(tempfile.mkdtemp(prefix="tandem-e2e-"))
+    plane = ControlPlane(workdir, binaries, controllers=controllers)
+    plane.start()
+    try:
+        yield plane
+    finally:
+        plane.stop()
+        leftovers = plane.leftovers()
+        # TANDEM_E2E_KEEP=1 keeps certificates, etcd data and every process log for a look.
+        if not leftovers and not os.environ.get("TANDEM_E2E_KEEP"):
+            shutil.rmtree(workdir, ignore_errors=True)
+        assert not leftovers, f"control-plane processes left behind: {leftovers}"
 
 
 def _component_env() -> dict[str, str]:

@@ -66,3 +66,10 @@ def zero_pool_cluster(
             **spec,
         },
     }
+
+
+def crd_established(api: k8s.ApiClient, name: str) -> bool:
+    """Whether the CustomResourceDefinition `name` is served yet (its Established condition)."""
+    crd = k8s.ApiextensionsV1Api(api).read_custom_resource_definition(name)
+    conditions = (crd.status.conditions if crd.status else None) or []
+    return any(c.type == "Established" and c.status == "True" for c in conditions)

@@ -1,4 +1,8 @@
-"""The CRD in crds/ is generated from the models, structural, with defaults, CEL rules and columns."""
+"""The CRD in crds/ is generated from the models, structural, with CEL rules and columns.
+
+The real kube-apiserver fills in its defaults in e2e/test_crd_defaults.py and applies its schema
+and rules to invalid objects in e2e/test_admission.py.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +14,6 @@ from typing import Any
 import pytest
 import yaml
 
-from tandem.operator.api import ServingCluster
 from tandem.operator.crd import CRD_FILE, crd_yaml, custom_resource_definition, openapi_schema
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,32 +62,6 @@ def test_every_spec_field_is_described() -> None:
         if path and "description" not in node and not path.endswith(("[]", "{}"))
     ]
     assert missing == []
-
-
-def test_defaults_make_a_valid_object() -> None:
-    """The defaults written into the schema are the models' defaults: an object defaulted by the
-    API server parses to the same ServingCluster as the bare manifest."""
-    spec_schema = openapi_schema()["properties"]["spec"]
-
-    def apply_defaults(schema: dict[str, Any], value: Any) -> Any:
-        if isinstance(value, dict) and "properties" in schema:
-            for key, child in schema["properties"].items():
-                if key not in value and "default" in child:
-                    value[key] = child["default"]
-                if key in value:
-                    value[key] = apply_defaults(child, value[key])
-        return value
-
-    bare = {"model": {"name": "m"}}
-    defaulted = apply_defaults(spec_schema, {"model": {"name": "m"}})
-    assert defaulted["engine"]["blockSize"] == 16
-    assert defaulted["prefill"]["replicas"] == 1
-    assert defaulted["router"]["processes"] == 1
-    assert "resources" not in defaulted["router"]  # rendered from `processes` when unset
-    meta = {"name": "x"}
-    assert ServingCluster.model_validate(
-        {"metadata": meta, "spec": defaulted}
-    ) == ServingCluster.model_validate({"metadata": meta, "spec": bare})
 
 
 def test_cel_rules_are_present() -> None:
