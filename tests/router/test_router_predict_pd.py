@@ -123,3 +123,34 @@ def test_a_prefill_pool_behind_is_a_predicted_wait_and_requests_stay_local(
     assert seen.count("disaggregated") <= 1, seen
     assert seen[-6:] == ["local"] * 6, seen
     assert metric(text, "tandem_router_decisions_total", decision="disaggregated") <= 1
+
+
+def test_a_sheddable_request_that_cannot_meet_its_target_is_refused(
+    decode: Engine, tmp_path: Path
+) -> None:
+    path = tmp_path / "router.yaml"
+    classes = [
+        {"minPriority": -100, "ttftMs": 60000},
+        {"minPriority": 10, "ttftMs": 1, "sheddable": True},  # no prefill is that fast
+    ]
+    config = {
+        "servedModelName": "tiny",
+        "static": {},
+        "scoring": {"policy": "predictive", "predictive": {"sloClasses": classes}},
+    }
+    path.write_text(yaml.safe_dump(config))
+    router = Router(["--config", str(path), "--decode", decode.url])
+    body = {"model": "tiny", "prompt": "shed me " * 200, "max_tokens": 2}
+    with running(router):
+        shed = httpx.post(
+            router.url + "/v1/completions",
+            json=body,
+            headers={**DEBUG, "x-priority": "10"},
+            timeout=30,
+        )
+        served = httpx.post(router.url + "/v1/completions", json=body, headers=DEBUG, timeout=30)
+        text = metrics(router.url)
+    assert shed.status_code == 429
+    assert int(shed.headers["retry-after"]) >= 1
+    assert served.status_code == 200
+    assert metric(text, "tandem_router_rejected_total", reason="slo") == 1

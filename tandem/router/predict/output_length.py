@@ -21,7 +21,8 @@ so the share of answers above the predicted q tends to 1 - q whatever the true s
 
     quantile_q = clamp(exp(m + z_q · s) - 1, 1, max_tokens)
     median     = quantile_0.5     (the point prediction; its error is reported against the
-                                   running mean of all answers, the "predict the mean" baseline)
+                                   running mean of the answers, the "predict the mean" baseline:
+                                   a plain mean of the first 1,000, then an EWMA of weight 1/1000)
 """
 
 from __future__ import annotations

@@ -13,7 +13,9 @@ that predicted it:
                             -> output-length model: the stream's output events
     every TTFT and TPOT     -> sigma² ← sigma² + 0.05 · (ln(observed / predicted)² - sigma²) of its engine,
                                and |observed - predicted| / observed into
-                               tandem_router_prediction_error_ratio{quantity}
+                               tandem_router_prediction_error_ratio{quantity}: ttft (upstream
+                               part), prefill (P/D prefill), tpot, output_tokens (the median)
+                               and output_tokens_mean (the running mean: the baseline)
 
 The TTFT predicted and observed is the upstream part (first upstream request → first byte): the
 router's own queue and scheduling come before it. A non-streaming answer's first byte comes with
