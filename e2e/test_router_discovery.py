@@ -6,7 +6,9 @@ pool Deployments and their ReplicaSets (every owner reference carrying the serve
 Pods bound to a node that no kubelet serves, and their status (phase, a loopback podIP, the Ready
 condition); nothing else changes them. One emulated engine listens on 127.0.0.1 behind the Pods
 given that address. The router runs as its own process with a kubeconfig for the server, lists
-and watches the Pods, and the test follows its `/engines` and its answers.
+and watches the Pods, and the test follows its `/engines` and its answers. For a watch that
+breaks, the router talks to a second kube-apiserver on the same etcd, which the test stops while
+it changes Pods through the first and then starts again: nothing here is a stand-in.
 """
 
 from __future__ import annotations
