@@ -2,8 +2,8 @@
 model, and the tickets through which the proxy reports what happened to each request.
 
 A `Ticket` holds what the plan predicted and what it added to the ledgers, and takes it back as
-the request moves on (prefill answered, first byte, end), feeding each observation to the model
-that predicted it:
+the request moves on (prefill answered, first byte, end); when the request ends, after its answer
+has left, each observation goes to the model that predicted it:
 
     P/D prefill answered    -> prefill model of the prefill engine: (ahead + uncached, prefill s)
     first byte, local       -> prefill model of the decode engine: (ahead + uncached, upstream s)
@@ -96,14 +96,20 @@ class Predictor:
 
 
 class Ticket:
-    """One request's predictions and its share of the ledgers (module docstring)."""
+    """One request's predictions and its share of the ledgers (module docstring). The ledgers
+    change as the request moves on; the models learn only at `finished`, after the answer has
+    left, so no fit runs on a request's way to its first token."""
 
     __slots__ = (
         "_first_byte",
+        "_first_engine",
+        "_prefill_done",
         "_prefill_held",
+        "_prefill_s",
         "_queued_on",
         "_stream_on",
         "_stream_tokens",
+        "_upstream_start",
         "keys",
         "output",
         "placement",
@@ -138,7 +144,11 @@ class Ticket:
         self._queued_on.queued_tokens += self._prefill_held
         self._stream_on: EngineLedger | None = None
         self._stream_tokens = prompt_tokens + output.median * 0.5
+        self._prefill_s: float | None = None
         self._first_byte: float | None = None
+        self._first_engine: Engine | None = None
+        self._upstream_start: float | None = None
+        self._prefill_done: float | None = None
 
     def _release_queue(self) -> None:
         if self._queued_on is not None:
@@ -147,54 +157,68 @@ class Ticket:
 
     def prefilled(self, handed_off: bool, seconds: float | None) -> None:
         """The P/D prefill answered (`handed_off`: with a KV handoff the decode engine will pull)."""
-        prefill = self.placement.prefill
-        if prefill is None:
+        if self.placement.prefill is None:
             return
         self._release_queue()
-        if handed_off and seconds is not None:
-            predicted = prefill.ttft_s
-            ledger = prefill.ledger
-            ledger.costs.observe_prefill(prefill.ahead + prefill.uncached, seconds)
-            squared = self.predictor.observe_error("prefill", predicted, seconds)
-            ledger.ttft_squared_log_error += ERROR_WEIGHT * (
-                squared - ledger.ttft_squared_log_error
-            )
+        if handed_off:
+            self._prefill_s = seconds
 
     def first_byte(
         self, engine: Engine, now: float, upstream_start: float | None, prefill_done: float | None
     ) -> None:
         """The decode engine's first body byte: the prefill is over, a stream starts on `engine`."""
-        predictor = self.predictor
-        placement = self.placement
-        local = placement.prefill is None
         self._release_queue()
         self._first_byte = now
-        ledger = predictor.ledger(engine)
-        if self.streaming and upstream_start is not None and engine is placement.decode.engine:
-            observed = now - upstream_start
-            if local:
-                decode = placement.decode
-                ledger.costs.observe_prefill(decode.ahead + decode.uncached, observed)
-            elif prefill_done is not None:
-                ledger.costs.observe_handoff(self.prompt_tokens, now - prefill_done)
-            squared = predictor.observe_error("ttft", placement.ttft_s, observed)
-            ledger.ttft_squared_log_error += ERROR_WEIGHT * (
-                squared - ledger.ttft_squared_log_error
-            )
+        self._first_engine = engine
+        self._upstream_start = upstream_start
+        self._prefill_done = prefill_done
+        ledger = self.predictor.ledger(engine)
         ledger.add_stream(self._stream_tokens, self.output.median, self.target.tpot_s)
         self._stream_on = ledger
 
     def finished(self, output_tokens: int | None, last_event: float | None) -> None:
         """The request is over (answered, failed or abandoned): everything held is given back, and
-        a complete stream teaches the step and output-length models."""
+        what was observed teaches the models that predicted it."""
         self._release_queue()
+        self._learn_prefill()
         ledger = self._stream_on
         if ledger is None:
             return
         self._stream_on = None
         ledger.end_stream(self._stream_tokens, self.output.median, self.target.tpot_s)
-        if output_tokens is None:
+        self._learn_first_byte(ledger)
+        if output_tokens is not None:
+            self._learn_stream(ledger, output_tokens, last_event)
+
+    def _learn_prefill(self) -> None:
+        prefill, seconds = self.placement.prefill, self._prefill_s
+        if prefill is None or seconds is None:
             return
+        self._prefill_s = None
+        ledger = prefill.ledger
+        ledger.costs.observe_prefill(prefill.ahead + prefill.uncached, seconds)
+        squared = self.predictor.observe_error("prefill", prefill.ttft_s, seconds)
+        ledger.ttft_squared_log_error += ERROR_WEIGHT * (squared - ledger.ttft_squared_log_error)
+
+    def _learn_first_byte(self, ledger: EngineLedger) -> None:
+        placement = self.placement
+        first, start = self._first_byte, self._upstream_start
+        if not self.streaming or first is None or start is None:
+            return  # a whole answer's first byte comes with its last
+        if self._first_engine is not placement.decode.engine:
+            return  # retried on another engine: not what was predicted
+        observed = first - start
+        if placement.prefill is None:
+            decode = placement.decode
+            ledger.costs.observe_prefill(decode.ahead + decode.uncached, observed)
+        elif self._prefill_done is not None:
+            ledger.costs.observe_handoff(self.prompt_tokens, first - self._prefill_done)
+        squared = self.predictor.observe_error("ttft", placement.ttft_s, observed)
+        ledger.ttft_squared_log_error += ERROR_WEIGHT * (squared - ledger.ttft_squared_log_error)
+
+    def _learn_stream(
+        self, ledger: EngineLedger, output_tokens: int, last_event: float | None
+    ) -> None:
         predictor = self.predictor
         predictor.mean_stream_tokens += MEAN_WEIGHT * (
             self._stream_tokens - predictor.mean_stream_tokens
