@@ -120,6 +120,10 @@ def _load_clients() -> tuple[Any, Any]:
     return kube.client.CoreV1Api(), kube.client.AppsV1Api()
 
 
+# The shortest time between two reads of the pools' Deployments and ReplicaSets.
+OWNER_REREAD_S = 1.0
+
+
 class PodWatcher:
     """Calls `on_change(pod_name, engine_or_None)` on the loop for every relevant Pod change, and
     `on_resync(names)` after each full listing (Pods not named there are gone)."""
@@ -169,10 +173,13 @@ class PodWatcher:
         self._owners_read = time.monotonic()
 
     def _engine(self, data: dict[str, Any], apps: Any) -> Engine | None:
-        """engine_from_pod, reading the pools' ReplicaSets again (at most once a second) when the
-        Pod's controller is not among them: a rollout's new ReplicaSet exists before its Pods."""
+        """engine_from_pod, reading the pools' ReplicaSets again when the Pod's controller is not
+        among them: a rollout's new ReplicaSet exists before its Pods. The reads are at least
+        OWNER_REREAD_S apart; an event that comes sooner waits for the next read rather than being
+        judged on the old one (a Pod refused there would not be looked at again until it changes)."""
         uid = owner_uid(data)
-        if uid is not None and uid not in self.owners and time.monotonic() - self._owners_read > 1:
+        if uid is not None and uid not in self.owners:
+            self._stop.wait(max(OWNER_REREAD_S - (time.monotonic() - self._owners_read), 0.0))
             self._read_owners(apps)
         name = str(data["metadata"]["name"])
         if uid not in self.owners and name not in self._refused:
