@@ -145,23 +145,30 @@ def _num(value: float | None, digits: int = 0) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
 
 
+def _tokens(value: float) -> str:
+    """Tokens/s short enough for a narrow terminal: 35.0k from 10,000 on."""
+    return f"{value / 1000:.1f}k" if value >= 10_000 else f"{value:,.0f}"
+
+
 def _pct(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.1f}%"
 
 
 def buckets_table(report: TraceReport) -> Table:
     table = Table(
-        title=f"offered vs achieved load, latency over time ({report.bucket_s:g} s buckets)",
+        title=f"offered (sent) vs achieved (done) load and latency, {report.bucket_s:g} s buckets",
         title_justify="left",
     )
-    columns = ("from s", "offered req/s", "achieved req/s", "offered tok/s", "achieved tok/s",
-               "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "failed")  # fmt: skip
+    # one short word per line, so that the table fits 80 columns
+    columns = ("from s", "req/s sent", "req/s done", "tok/s sent", "tok/s done",
+               "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "fail")  # fmt: skip
     for column in columns:
         table.add_column(column, justify="right")
     for b in report.buckets:
         table.add_row(
             f"{b.start_s:g}", _num(b.offered_rps, 2), _num(b.achieved_rps, 2),
-            _num(b.offered_tok_s), _num(b.achieved_tok_s), _num(b.ttft_ms_p50), _num(b.ttft_ms_p99),
+            _tokens(b.offered_tok_s), _tokens(b.achieved_tok_s), _num(b.ttft_ms_p50),
+            _num(b.ttft_ms_p99),
             _num(b.tpot_ms_p50, 1), _num(b.tpot_ms_p99, 1), str(b.failed),
         )  # fmt: skip
     return table
