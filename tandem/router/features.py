@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from tandem.router.auth import EngineKey
 from tandem.router.blocks import (
     block_keys,
     salted_parent,
@@ -207,14 +208,17 @@ class Featurizer:
 
 
 def featurizer_of(config: RouterConfig, metrics: RouterMetrics) -> Featurizer:
-    """The router's featurizer; requests it cannot tokenize exactly count in the metrics."""
+    """The router's featurizer; requests it cannot tokenize exactly count in the metrics. The
+    renderer gets the engines' key, as the engines do."""
+    engine_key = EngineKey.from_config(config)
+    auth = engine_key.header if engine_key else None
     return Featurizer(
         config.block_size,
         config.tokenizer,
         chat_template=config.chat_template,
         chat_template_kwargs=config.chat_template_kwargs,
         on_fallback=lambda reason: metrics.tokenize_fallbacks.labels(reason).inc(),
-        render=RenderClient(config.render_url) if config.render_url else None,
+        render=RenderClient(config.render_url, auth=auth) if config.render_url else None,
         render_all=config.render_mode == "remote",
     )
 

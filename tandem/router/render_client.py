@@ -4,7 +4,8 @@
     completions: POST {url}/v1/completions/render        -> [{"token_ids": [...], ...}, ...]
 
 The request body goes as the client sent it (the renderer applies vLLM's own rules, so it is
-exact for every model vLLM serves). Any failure (refused, timed out, an error answer) raises
+exact for every model vLLM serves), with the engines' key when the router has one: a renderer
+started with the engines' `--api-key` (or VLLM_API_KEY) refuses requests without it. Any failure (refused, timed out, an error answer) raises
 `RenderUnavailable`; the featurizer then routes on the approximation.
 """
 
@@ -15,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-from tandem.router.upstream import UpstreamError, UpstreamPool
+from tandem.router.upstream import AuthHeader, UpstreamError, UpstreamPool
 
 
 class RenderUnavailable(Exception):
@@ -23,8 +24,8 @@ class RenderUnavailable(Exception):
 
 
 class RenderClient:
-    def __init__(self, url: str, timeout_s: float = 2.0):
-        self.pool = UpstreamPool(url, connect_timeout=timeout_s)
+    def __init__(self, url: str, timeout_s: float = 2.0, auth: AuthHeader | None = None):
+        self.pool = UpstreamPool(url, connect_timeout=timeout_s, auth=auth)
         self.timeout_s = timeout_s
 
     async def token_ids(self, body: dict[str, Any], chat: bool) -> list[int]:

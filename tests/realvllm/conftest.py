@@ -20,6 +20,7 @@ MODULE_ORDER = [
     "test_pd",
     "test_parity",
     "test_replicas",
+    "test_render",
     "test_failures",
     "test_up",
     "test_engine_context",
