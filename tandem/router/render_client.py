@@ -45,7 +45,10 @@ class RenderClient:
             raise RenderUnavailable(str(exc)) from exc
         if response.status != 200:
             raise RenderUnavailable(f"renderer answered {response.status}")
-        answer = msgspec.json.decode(raw)
+        try:
+            answer = msgspec.json.decode(raw)
+        except msgspec.DecodeError as exc:
+            raise RenderUnavailable(f"renderer answer is not JSON: {exc}") from exc
         first = answer[0] if isinstance(answer, list) and answer else answer
         ids = first.get("token_ids") if isinstance(first, dict) else None
         if not isinstance(ids, list):
