@@ -4,7 +4,7 @@ router exactly as written in the ServingCluster."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, get_args, get_origin
 
 import pytest
 from pydantic import BaseModel
@@ -76,21 +76,37 @@ def _policy_model(section: str) -> type[BaseModel]:
     return model
 
 
+# Fields whose bounds `default * 2 + 3` would leave, and literals: a valid other value each.
+OTHER_VALUES: dict[str, Any] = {
+    "mode": "always",
+    "policy": "predictive",
+    "running_weight": 0.5,
+    "forget": 0.9,
+    "meet_probability": 0.75,
+    "min_priority": 5,
+}
+
+
 def _changed(model: type[BaseModel]) -> dict[str, Any]:
-    """A value other than the default for every field of `model`, by alias, within its bounds."""
+    """A value other than the default for every field of `model`, by alias, within its bounds
+    (a nested model's fields all changed too, a list of models as one such item)."""
     values: dict[str, Any] = {}
     for name, field in model.model_fields.items():
         default = field.default
-        if name == "mode":
-            value: Any = "always"
+        annotation = field.annotation
+        if name in OTHER_VALUES:
+            value: Any = OTHER_VALUES[name]
+        elif isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            value = _changed(annotation)
+        elif get_origin(annotation) is list:
+            (item,) = get_args(annotation)
+            value = [_changed(item)]
         elif isinstance(default, str):
             value = "x-other"
         elif default is None:
             value = 7
         elif isinstance(default, bool):
             value = not default
-        elif name == "running_weight":
-            value = 0.5
         else:
             value = type(default)(default * 2 + 3)
         values[field.alias or name] = value
