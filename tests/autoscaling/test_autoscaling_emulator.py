@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -70,18 +71,25 @@ async def test_prefill_overload_scales_prefill_and_not_decode(
         drive(urls["prefill"], "tiny", 3, 4, 256, 1, max_requests=12)
     )
     decode_load = asyncio.create_task(drive(urls["decode"], "tiny", 2, 4, 16, 32, max_requests=8))
-    await asyncio.sleep(3.8)
+    # Until Prometheus has scraped the prefill queue and both pools' latencies, while the load
+    # runs (bounded generously: a loaded machine delays the emulators and the scrapes).
     async with PrometheusClient(prometheus.url) as client:
-        prefill = await read_pool_signals(
-            client,
-            PoolSelector(namespace="serving", cluster="llama", pool="prefill"),
-            POLICIES["prefill"],
-        )
-        decode = await read_pool_signals(
-            client,
-            PoolSelector(namespace="serving", cluster="llama", pool="decode"),
-            POLICIES["decode"],
-        )
+        deadline = time.monotonic() + 30
+        while True:
+            prefill = await read_pool_signals(
+                client,
+                PoolSelector(namespace="serving", cluster="llama", pool="prefill"),
+                POLICIES["prefill"],
+            )
+            decode = await read_pool_signals(
+                client,
+                PoolSelector(namespace="serving", cluster="llama", pool="decode"),
+                POLICIES["decode"],
+            )
+            overloaded = (prefill.latency_s or 0) > 0.5 and prefill.waiting > 0
+            if (overloaded and decode.latency_s is not None) or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.5)
     results = await asyncio.gather(prefill_load, decode_load)
     assert all(r.failed == 0 for r in results)
 
