@@ -169,7 +169,8 @@ def plan_route(inputs: RouteInputs, config: RouterConfig) -> RoutePlan | None:
     decode ranking = score_engines(decoders), reordered by `decode_ranking`'s rendezvous rules;
     route = decide_route(prompt_tokens - hit_blocks(best) * block_size, ...);
     reason = the route, or `fallback` when it is local only because every prefill engine is down;
-    prefill ranking = score_engines(prefillers) when disaggregated.
+    prefill ranking = score_engines(prefillers) when disaggregated;
+    under the `predictive` policy (`inputs.predictive` set) all of it is `predictive_plan`'s.
     """
     if not inputs.decoders:
         return None

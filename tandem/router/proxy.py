@@ -193,7 +193,8 @@ class CompletionProxy:
     def _plan(
         self, call: Call, features: Features, target: SloTarget | None
     ) -> tuple[RoutePlan | None, str, PredictiveInputs | None]:
-        """Gathers the plan's inputs from the state and calls `plan_route`; returns the index name."""
+        """Gathers the plan's inputs from the state and calls `plan_route`; returns the plan, the
+        index name and, under the `predictive` policy, the predictions the plan was made with."""
         state = self.state
         exact = state.use_exact and features.exact
         index = state.exact_index if exact else state.approx_index
