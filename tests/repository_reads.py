@@ -1,7 +1,7 @@
 """The suite reads nothing from beside the checkout: a pytest plugin that fails any test which does.
 
 A bare `git clone` has nothing next to it, so a test that opens, lists or hands a subprocess a path
-in the checkout's parent folder (a sibling such as `../shared`) passes only on machines that happen
+in the checkout's parent folder (a sibling folder beside it) passes only on machines that happen
 to have that folder. An audit hook (PEP 578) sees every `open`, `os.listdir`, `os.scandir` and
 `subprocess.Popen` of the test process; a test during which one named such a path fails, naming the
 path, and a read at collection time ends the session the same way. Temporary folders, the
