@@ -49,6 +49,21 @@ _RETRY_STATUSES = frozenset((502, 503, 504))
 _DECODE_ATTEMPTS = 3
 
 
+def may_try_another_engine(exc: UpstreamError, route: Route) -> bool:
+    """Whether a decode request that failed with `exc` may go to the next engine of its ranking.
+
+    nothing reached the engine (connect refused or timed out)   -> yes
+    the connection broke before a response head, local route    -> yes (the engine aborts it)
+    the same after a handoff                                    -> no: the engine may have pulled
+                                                                   the KV, a lease is read once
+    no response head within the idle timeout                    -> no: the engine has the request
+    """
+    if not exc.delivered:
+        return True
+    broken_before_head = exc.connect and not isinstance(exc, UpstreamTimeout)
+    return broken_before_head and route is Route.LOCAL
+
+
 @dataclass(frozen=True, slots=True)
 class Handoff:
     """A prefill engine's answer that the decode engine may pull from."""
@@ -451,8 +466,7 @@ class CompletionProxy:
         and None. The engine's in_flight and pending counts include the request from here on
         (pending until its first byte).
 
-        A refused connection moves on to the next engine. A disaggregated request that reached
-        an engine does not: that engine may have pulled the KV, and a lease is read only once.
+        An engine that could not be reached moves on to the next (`may_try_another_engine`).
         """
         headers = [("content-type", "application/json"), ("x-request-id", call.request_id)]
         if call.timing.upstream_start is None:
@@ -473,8 +487,7 @@ class CompletionProxy:
                 if not isinstance(exc, UpstreamError):
                     raise
                 self._upstream_failed("decode", engine, exc)
-                handed_off = route is Route.DISAGGREGATED and exc.delivered
-                if exc.connect and not isinstance(exc, UpstreamTimeout) and not handed_off:
+                if may_try_another_engine(exc, route):
                     continue
                 return engine, None
             return engine, response

@@ -1,0 +1,65 @@
+"""Which failed decode requests go to the next engine: the rule, and the failures a real socket
+gives for an engine that cannot be reached."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+
+import pytest
+
+from tandem.router.decision import Route
+from tandem.router.proxy import may_try_another_engine
+from tandem.router.upstream import UpstreamError, UpstreamPool, UpstreamTimeout
+
+pytestmark = pytest.mark.timeout(30)
+
+
+@pytest.mark.parametrize(
+    ("exc", "route", "expected"),
+    [
+        (UpstreamError("refused", connect=True), Route.LOCAL, True),
+        (UpstreamError("refused", connect=True), Route.DISAGGREGATED, True),
+        (UpstreamTimeout("connect timed out", connect=True), Route.LOCAL, True),
+        (UpstreamTimeout("connect timed out", connect=True), Route.DISAGGREGATED, True),
+        (UpstreamError("reset", connect=True, delivered=True), Route.LOCAL, True),
+        (UpstreamError("reset", connect=True, delivered=True), Route.DISAGGREGATED, False),
+        (UpstreamTimeout("no head", connect=True, delivered=True), Route.LOCAL, False),
+        (UpstreamTimeout("no head", connect=True, delivered=True), Route.DISAGGREGATED, False),
+    ],
+)
+def test_only_requests_that_cannot_have_reached_the_kv_move_on(
+    exc: UpstreamError, route: Route, expected: bool
+) -> None:
+    assert may_try_another_engine(exc, route) is expected
+
+
+@pytest.fixture
+def unreachable() -> Iterator[str]:
+    """A listener whose accept queue is full and which never accepts: a new connection's SYN is
+    dropped, as on an engine too busy to accept (its process starved of CPU)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    queued: list[socket.socket] = []
+    for _ in range(8):  # the kernel keeps backlog + 1 connections; the rest block in SYN-SENT
+        client = socket.socket()
+        client.setblocking(False)
+        client.connect_ex(("127.0.0.1", port))
+        queued.append(client)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        for client in queued:
+            client.close()
+        listener.close()
+
+
+async def test_a_connect_that_times_out_reached_nothing_and_moves_on(unreachable: str) -> None:
+    pool = UpstreamPool(unreachable, connect_timeout=0.5)
+    with pytest.raises(UpstreamTimeout) as failure:
+        await pool.request("POST", "/v1/completions", b"{}")
+    assert failure.value.connect
+    assert not failure.value.delivered
+    assert may_try_another_engine(failure.value, Route.DISAGGREGATED)
