@@ -2,72 +2,83 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
 import pytest
-from repository_reads import REPOSITORY, beside_the_checkout
+from repository_reads import ReadsBeside
 
-SIBLING = REPOSITORY.parent / "shared" / "golden" / "model" / "tokenizer.json"
-
-
-def test_paths_inside_the_checkout_and_in_temporary_folders_are_allowed(tmp_path: Path) -> None:
-    assert not beside_the_checkout(str(REPOSITORY / "tests" / "fixtures"))
-    assert not beside_the_checkout(str(tmp_path / "x"))
-    assert not beside_the_checkout(sys.prefix)
+REPOSITORY = Path(__file__).resolve().parents[1]
+TESTS = REPOSITORY / "tests"
 
 
-def test_a_sibling_of_the_checkout_is_beside_it() -> None:
-    assert beside_the_checkout(str(SIBLING))
-    assert beside_the_checkout(str(REPOSITORY.parent / f"{REPOSITORY.name}-other" / "x"))
+def layout(tmp_path: Path) -> tuple[Path, Path]:
+    """A checkout and a sibling folder beside it, as a clone with shared data next to it."""
+    checkout, sibling = tmp_path / "checkout", tmp_path / "shared"
+    (checkout / "tests").mkdir(parents=True)
+    sibling.mkdir()
+    (sibling / "tokenizer.json").write_text("{}")
+    return checkout, sibling
+
+
+def test_a_sibling_of_the_checkout_is_beside_it_and_the_checkout_is_not(tmp_path: Path) -> None:
+    checkout, sibling = layout(tmp_path)
+    beside = ReadsBeside(checkout)
+    assert beside.stands_down_because is None
+    assert beside(str(sibling / "tokenizer.json"))
+    assert beside(str(tmp_path / "checkout-other" / "x"))
+    assert not beside(str(checkout / "tests" / "x"))
+    assert not beside(sys.prefix)
+    assert not beside(str(REPOSITORY))
+
+
+def test_the_guard_stands_down_where_it_cannot_tell_a_test_file_from_a_sibling() -> None:
+    assert ReadsBeside(Path("/main")).stands_down_because is not None
+    assert ReadsBeside(Path(tempfile.gettempdir()) / "main").stands_down_because is not None
 
 
 @pytest.mark.timeout(120)
 def test_a_test_that_reads_beside_the_checkout_fails_naming_the_path(tmp_path: Path) -> None:
-    """A throwaway test module under tests/ (removed afterwards) opens, lists and hands a
-    subprocess a sibling path; pytest, run on it alone, reports each as a failure."""
-    module = REPOSITORY / "tests" / f"test_reads_beside_{tmp_path.name}.py"
-    module.write_text(
+    """pytest, run in a throwaway checkout with this plugin, reports a test that opens, lists or
+    hands a subprocess a sibling path as failed."""
+    checkout, sibling = layout(tmp_path)
+    (checkout / "pytest.ini").write_text("[pytest]\n")
+    (checkout / "conftest.py").write_text('pytest_plugins = ["repository_reads"]\n')
+    (checkout / "tests" / "test_reads.py").write_text(
         textwrap.dedent(
             f"""
             import os, subprocess, sys
 
             def test_open():
-                try:
-                    open({str(SIBLING)!r}).close()
-                except OSError:
-                    pass
+                open({str(sibling / "tokenizer.json")!r}).close()
 
             def test_listdir():
-                try:
-                    os.listdir({str(SIBLING.parent)!r})
-                except OSError:
-                    pass
+                os.listdir({str(sibling)!r})
 
             def test_subprocess():
-                subprocess.run([sys.executable, "-c", "pass", "--model={SIBLING.parent}"])
+                subprocess.run([sys.executable, "-c", "pass", "--model={sibling}"], check=True)
 
             def test_inside():
-                open({str(REPOSITORY / "README.md")!r}).close()
+                open({str(checkout / "pytest.ini")!r}).close()
             """
         )
     )
-    try:
-        result = subprocess.run(
-            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", str(module)],
-            cwd=REPOSITORY,
-            capture_output=True,
-            text=True,
-            timeout=100,
-        )
-    finally:
-        module.unlink()
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "tests"],
+        cwd=checkout,
+        env={**os.environ, "PYTHONPATH": str(TESTS)},
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
     assert "3 failed, 1 passed" in result.stdout, result.stdout + result.stderr
     assert result.stdout.count("read outside the repository") >= 3
-    assert str(SIBLING.parent) in result.stdout
+    assert str(sibling) in result.stdout
 
 
 # Spellings of "the folder beside the checkout" in code: its parent joined with a name, a
