@@ -26,7 +26,7 @@ from tandem.operator.render import ENGINE_KEY_ENV, render
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 SCRIPT = ROOT / "scripts" / "run-as-engine-container.sh"
-MODEL = MODEL_DIR
+MODEL = "/mnt/model"  # MODEL_DIR, where run-as-engine-container.sh shows it (the model volume)
 
 
 def _engine(pd_cluster: ServingCluster) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -48,11 +48,12 @@ def test_vllm_serves_under_the_rendered_engine_context(pd_cluster: PDCluster) ->
     home = {e["name"]: e for e in container["env"]}["HOME"]["value"]
     port, key = free_port(), "engine-key-e2e"
     argv = [
-        "unshare", "-m", "--propagation", "private", str(SCRIPT), str(uid), home, "--",
+        "unshare", "-m", "--propagation", "private", str(SCRIPT), str(uid), home,
+        "--model", str(MODEL_DIR), "--",
         "env", f"{ENGINE_KEY_ENV}={key}", "PYTHONHASHSEED=0", "HF_HUB_OFFLINE=1",
         "VLLM_CPU_KVCACHE_SPACE=1",
         VLLM_PYTHON, "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(MODEL), "--load-format", "dummy", "--served-model-name", "tiny",
+        "--model", MODEL, "--load-format", "dummy", "--served-model-name", "tiny",
         "--block-size", "32", "--enforce-eager", "--max-model-len", "512",
         "--dtype", "float32",  # as examples/tiny-vllm.yaml says why: no AMX attention kernel
         "--host", "127.0.0.1", "--port", str(port),
