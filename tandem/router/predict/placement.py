@@ -101,6 +101,16 @@ class Placement:
     ranking: list[Engine]  # decode engines, the chosen first
     prefill_ranking: list[Engine]  # prefill engines, the chosen first; empty when local
 
+    @property
+    def prefill_ledger(self) -> EngineLedger:
+        """The ledger of the engine that prefills: the prefill engine's, else the decode one's."""
+        return self.prefill.ledger if self.prefill else self.decode.ledger
+
+    @property
+    def prefill_tokens(self) -> float:
+        """The uncached tokens the prefilling engine computes."""
+        return self.prefill.uncached if self.prefill else self.decode.uncached
+
 
 def ahead_tokens(engine: Engine, ledger: EngineLedger, mean_uncached_tokens: float) -> float:
     """ahead(e) (module docstring)."""

@@ -81,7 +81,7 @@ class Predictor:
         target: SloTarget,
         streaming: bool,
     ) -> Ticket:
-        uncached = placement.prefill.uncached if placement.prefill else placement.decode.uncached
+        uncached = placement.prefill_tokens
         self.mean_uncached_tokens += MEAN_WEIGHT * (uncached - self.mean_uncached_tokens)
         return Ticket(self, placement, prompt_tokens, output, keys, target, streaming)
 
@@ -136,11 +136,8 @@ class Ticket:
         self.keys = keys
         self.target = target
         self.streaming = streaming
-        prefill = placement.prefill
-        self._queued_on: EngineLedger | None = (
-            prefill.ledger if prefill else placement.decode.ledger
-        )
-        self._prefill_held = prefill.uncached if prefill else placement.decode.uncached
+        self._queued_on: EngineLedger | None = placement.prefill_ledger
+        self._prefill_held = placement.prefill_tokens
         self._queued_on.queued_tokens += self._prefill_held
         self._stream_on: EngineLedger | None = None
         self._stream_tokens = prompt_tokens + output.median * 0.5
