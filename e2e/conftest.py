@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 from kubernetes import client as k8s
 
 from e2e.harness.binaries import Binaries
 from e2e.harness.cluster import ControlPlane, running_control_plane
-from e2e.harness.kube import eventually
+from e2e.harness.kube import crd_established, eventually
 from e2e.harness.podrunner import PodRunner, RunningPod
 from e2e.harness.tools import Clients
 
@@ -39,6 +42,24 @@ def api_server(binaries: Binaries) -> Iterator[ControlPlane]:
     write to stay as written."""
     with running_control_plane(binaries, controllers=False) as plane:
         yield plane
+
+
+@pytest.fixture(scope="session")
+def crd_clients(api_server: ControlPlane) -> Clients:
+    """kubectl on `api_server`, which serves the CRD `tandem crd` prints."""
+    clients = Clients(api_server.binaries, api_server.workdir, api_server.kubeconfig)
+    crd = subprocess.run(
+        [sys.executable, "-m", "tandem.cli", "crd"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    clients.kubectl("apply", "-f", "-", stdin=crd)
+    name = yaml.safe_load(crd)["metadata"]["name"]
+    api = api_server.api_client()
+    eventually(lambda: crd_established(api, name), timeout_s=30, what=f"CRD {name} established")
+    return clients
 
 
 @pytest.fixture(scope="session")

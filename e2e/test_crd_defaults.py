@@ -11,37 +11,14 @@ out. (Refusals by the schema and the CEL rules: e2e/test_admission.py.)
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from typing import Any
 
 import pytest
-import yaml
 
-from e2e.harness.cluster import ControlPlane
-from e2e.harness.kube import crd_established, eventually
 from e2e.harness.tools import Clients
 from tandem.operator.api import ServingCluster
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture(scope="module")
-def crd_clients(api_server: ControlPlane) -> Clients:
-    """kubectl on a server that serves the CRD `tandem crd` prints."""
-    clients = Clients(api_server.binaries, api_server.workdir, api_server.kubeconfig)
-    crd = subprocess.run(
-        [sys.executable, "-m", "tandem.cli", "crd"],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    ).stdout
-    clients.kubectl("apply", "-f", "-", stdin=crd)
-    name = yaml.safe_load(crd)["metadata"]["name"]
-    api = api_server.api_client()
-    eventually(lambda: crd_established(api, name), timeout_s=30, what=f"CRD {name} established")
-    return clients
 
 
 def defaulted_by_the_server(clients: Clients, spec: dict[str, Any]) -> dict[str, Any]:

@@ -26,16 +26,14 @@ import pytest
 from kubernetes import client as k8s
 
 from e2e.harness.cluster import ControlPlane, write_kubeconfig
-from e2e.harness.kube import crd_established, eventually, gone, zero_pool_cluster
+from e2e.harness.kube import eventually, gone, zero_pool_cluster
 from e2e.harness.processes import Child, Supervisor, wait_until
 from e2e.harness.tools import Clients
 from tandem.common.ports import free_port
 from tandem.common.roles import LABEL_CLUSTER, LABEL_ROLE
-from tandem.operator.crd import CRD_FILE
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
-ROOT = Path(__file__).resolve().parent.parent
 NAMESPACE = "discovery"
 CLUSTER = "llama"
 # The Pods are bound to a node no kubelet serves: deleting one leaves it terminating (with a
@@ -137,14 +135,11 @@ class Pools:
 
 
 @pytest.fixture(scope="module")
-def pools(api_server: ControlPlane) -> Pools:
+def pools(api_server: ControlPlane, crd_clients: Clients) -> Pools:
     """Namespace, ServingCluster, both pool Deployments with a ReplicaSet each, and a copycat
-    ReplicaSet whose Pods carry the pools' labels but belong to no pool."""
-    clients = Clients(api_server.binaries, api_server.workdir, api_server.kubeconfig)
-    clients.kubectl("apply", "-f", str(ROOT / "crds" / CRD_FILE))
+    ReplicaSet whose Pods carry the pools' labels but belong to no pool (`crd_clients`: once the
+    server serves the CRD)."""
     api = api_server.api_client()
-    crd = f"{PLURAL}.{GROUP}"
-    eventually(lambda: crd_established(api, crd), timeout_s=30, what=f"CRD {crd} established")
     core, apps = k8s.CoreV1Api(api), k8s.AppsV1Api(api)
     core.create_namespace({"metadata": {"name": NAMESPACE}})  # type: ignore[arg-type]
     # The ServiceAccount admission plugin wants the namespace's `default` account, which the
