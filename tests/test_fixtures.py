@@ -17,10 +17,11 @@ def listed() -> dict[str, str]:
 
 
 def test_every_listed_fixture_is_present_and_unchanged() -> None:
-    missing = [str(GOLDEN / name) for name in listed() if not (GOLDEN / name).is_file()]
+    sums = listed()
+    missing = [str(GOLDEN / name) for name in sums if not (GOLDEN / name).is_file()]
     changed = [
         str(GOLDEN / name)
-        for name, digest in listed().items()
+        for name, digest in sums.items()
         if (GOLDEN / name).is_file()
         and hashlib.sha256((GOLDEN / name).read_bytes()).hexdigest() != digest
     ]
