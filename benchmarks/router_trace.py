@@ -11,6 +11,10 @@ arrivals follow, and every figure is converted back to emulated-H200 time. The r
 
   tandem     Tandem, every engine colocated (prefill and decode on the same engine)
   tandem-pd  Tandem, the first half of the engines prefill and the second half decode
+  tandem-predictive, tandem-pd-predictive
+             the same two under the predictive policy (`--policy predictive`); for every
+             Tandem router the row adds its P/D decisions and the prediction errors (MAPE) it
+             reports on /metrics
   sglang     sglang-router 0.3.2, cache_aware
   smg        SMG (the Shepherd Model Gateway, sglang-router's successor), cache_aware
   vllm       vllm-router 0.1.17, cache_aware
@@ -38,10 +42,7 @@ import asyncio
 import json
 import os
 import signal
-import subprocess
 import sys
-import tempfile
-import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -61,6 +62,7 @@ from router_bench import (
     router_argv,
     start_engine,
 )
+from trace_peers import LlmdRouter, ensure_smg, first_completion
 
 from tandem.bench.records import BenchRecord
 from tandem.bench.runner import RunOptions, Target, run_target
@@ -68,9 +70,9 @@ from tandem.bench.spec import SLO, Trace
 from tandem.bench.stats import meets_slo
 from tandem.common.ports import free_port
 
-ROUTERS = ("tandem", "tandem-pd", "sglang", "smg", "vllm", "vllm-pd", "llmd")
+TANDEM_ROUTERS = ("tandem", "tandem-pd", "tandem-predictive", "tandem-pd-predictive")
+ROUTERS = (*TANDEM_ROUTERS, "sglang", "smg", "vllm", "vllm-pd", "llmd")
 PEER_ROUTERS = ("sglang", "smg", "vllm", "vllm-pd", "llmd")
-SMG_PACKAGE = "smg==1.13.0"
 KV_BOTH = {"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_buffer_device": "cpu"}
 # Every engine can prefill for another or decode from one; the handoff moves metadata and costs
 # the profile's transfer time, not bytes (two cores cannot carry NIXL traffic of four engines).
@@ -113,188 +115,6 @@ def start_pool(count: int, profile: str, blocks: int, speedup: float, max_len: i
     return Pool(engines, side_channels)
 
 
-def ensure_smg() -> None:
-    if not (PEERS / "bin" / "smg").exists():
-        subprocess.run([str(PEERS / "bin" / "pip"), "install", "-q", SMG_PACKAGE], check=True)
-
-
-# -- llm-d: the EPP behind Envoy -----------------------------------------------------------------
-
-
-def epp_config(endpoints_file: Path) -> dict[str, Any]:
-    """The EPP's EndpointPickerConfig: endpoints from a file, vLLM metrics scraped from each
-    engine's /metrics, and the default profile of llm-d's chart (queue 2, KV-cache utilization 2,
-    prefix cache 3) picked by maximum score. The approximate prefix producer's block is 128 tokens
-    (the trace's blocks after scaling; it clamps anything below 64 up to 64)."""
-    return {
-        "apiVersion": "llm-d.ai/v1alpha1",
-        "kind": "EndpointPickerConfig",
-        "plugins": [
-            {"name": "file-discovery", "type": "file-discovery",
-             "parameters": {"path": str(endpoints_file), "watchFile": False}},
-            {"type": "metrics-data-source",
-             "parameters": {"scheme": "http", "path": "/metrics"}},
-            {"type": "core-metrics-extractor"},
-            {"type": "single-profile-handler"},
-            {"type": "approx-prefix-cache-producer",
-             "parameters": {"autoTune": False, "blockSizeTokens": 128,
-                            "lruCapacityPerServer": 31250}},
-            {"type": "prefix-cache-scorer",
-             "parameters": {"prefixMatchInfoProducerName": "approx-prefix-cache-producer"}},
-            {"type": "kv-cache-utilization-scorer"},
-            {"type": "queue-scorer"},
-            {"type": "max-score-picker"},
-        ],
-        "dataLayer": {
-            "discovery": {"pluginRef": "file-discovery"},
-            "sources": [{"pluginRef": "metrics-data-source",
-                         "extractors": [{"pluginRef": "core-metrics-extractor"}]}],
-        },
-        "schedulingProfiles": [{"name": "default", "plugins": [
-            {"pluginRef": "queue-scorer", "weight": 2},
-            {"pluginRef": "kv-cache-utilization-scorer", "weight": 2},
-            {"pluginRef": "prefix-cache-scorer", "weight": 3},
-            {"pluginRef": "max-score-picker"},
-        ]}],
-    }  # fmt: skip
-
-
-def envoy_config(port: int, admin_port: int, grpc_port: int) -> dict[str, Any]:
-    """Envoy as llm-d's standalone chart configures it: every request through the ext_proc
-    filter (headers and bodies streamed both ways to the EPP), then to the endpoint the EPP
-    names in `x-gateway-destination-endpoint` (an ORIGINAL_DST cluster)."""
-    thresholds = {"max_connections": 40000, "max_pending_requests": 40000, "max_requests": 40000}
-    return {
-        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}},
-        "static_resources": {
-            "listeners": [{
-                "name": "gateway",
-                "address": {"socket_address": {"address": "127.0.0.1", "port_value": port}},
-                "filter_chains": [{"filters": [{
-                    "name": "envoy.filters.network.http_connection_manager",
-                    "typed_config": {
-                        "@type": "type.googleapis.com/envoy.extensions.filters.network."
-                                 "http_connection_manager.v3.HttpConnectionManager",
-                        "stat_prefix": "gateway",
-                        "route_config": {"name": "gateway", "virtual_hosts": [{
-                            "name": "all", "domains": ["*"],
-                            "routes": [{"match": {"prefix": "/"}, "route": {
-                                "cluster": "original_destination_cluster",
-                                "timeout": "600s", "idle_timeout": "600s"}}],
-                        }]},
-                        "http_filters": [
-                            {"name": "envoy.filters.http.ext_proc", "typed_config": {
-                                "@type": "type.googleapis.com/envoy.extensions.filters.http."
-                                         "ext_proc.v3.ExternalProcessor",
-                                "failure_mode_allow": False,
-                                "grpc_service": {"envoy_grpc": {"cluster_name": "ext_proc"},
-                                                 "timeout": "10s"},
-                                "processing_mode": {
-                                    "request_header_mode": "SEND",
-                                    "response_header_mode": "SEND",
-                                    "request_body_mode": "FULL_DUPLEX_STREAMED",
-                                    "response_body_mode": "FULL_DUPLEX_STREAMED",
-                                    "request_trailer_mode": "SEND",
-                                    "response_trailer_mode": "SEND",
-                                },
-                                "message_timeout": "600s",
-                            }},
-                            {"name": "envoy.filters.http.router", "typed_config": {
-                                "@type": "type.googleapis.com/envoy.extensions.filters.http."
-                                         "router.v3.Router",
-                                "suppress_envoy_headers": True}},
-                        ],
-                    },
-                }]}],
-            }],
-            "clusters": [
-                {"name": "original_destination_cluster", "type": "ORIGINAL_DST",
-                 "connect_timeout": "10s", "lb_policy": "CLUSTER_PROVIDED",
-                 "circuit_breakers": {"thresholds": [thresholds]},
-                 "original_dst_lb_config": {"use_http_header": True,
-                                            "http_header_name": "x-gateway-destination-endpoint"}},
-                {"name": "ext_proc", "type": "STATIC", "connect_timeout": "10s",
-                 "lb_policy": "ROUND_ROBIN",
-                 "circuit_breakers": {"thresholds": [thresholds]},
-                 "typed_extension_protocol_options": {
-                     "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-                         "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3."
-                                  "HttpProtocolOptions",
-                         "explicit_http_config": {"http2_protocol_options": {}}}},
-                 "load_assignment": {"cluster_name": "ext_proc", "endpoints": [{"lb_endpoints": [
-                     {"endpoint": {"address": {"socket_address": {
-                         "address": "127.0.0.1", "port_value": grpc_port}}}}]}]}},
-            ],
-        },
-    }  # fmt: skip
-
-
-class LlmdRouter:
-    """The EPP and the Envoy in front of it, started and stopped together; `url` is Envoy's."""
-
-    def __init__(self, epp: Path, envoy: Path, pool: Pool) -> None:
-        self.scratch = Path(tempfile.mkdtemp(prefix="tandem-llmd-"))
-        endpoints = self.scratch / "endpoints.yaml"
-        entries = [
-            {"name": f"engine-{i}", "address": "127.0.0.1", "port": str(e.port)}
-            for i, e in enumerate(pool.engines)
-        ]
-        endpoints.write_text(json.dumps({"endpoints": entries}))
-        config = self.scratch / "epp.yaml"
-        config.write_text(json.dumps(epp_config(endpoints)))
-        grpc_port = free_port()
-        self.epp = Proc("llmd-epp", [
-            str(epp), "--config-file", str(config), "--pool-name", "tandem-trace",
-            "--pool-namespace", "default", "--grpc-port", str(grpc_port),
-            "--grpc-health-port", str(free_port()), "--metrics-port", str(free_port()),
-            "--secure-serving=false", "--health-checking=false", "--enable-pprof=false",
-            "--ha-enable-leader-election=false", "--zap-log-level", "error",
-        ], grpc_port)  # fmt: skip
-        port = free_port()
-        envoy_file = self.scratch / "envoy.json"
-        envoy_file.write_text(json.dumps(envoy_config(port, free_port(), grpc_port)))
-        self.envoy = Proc("llmd-envoy", [
-            str(envoy), "-c", str(envoy_file), "--disable-hot-restart", "--log-level", "warn",
-        ], port)  # fmt: skip
-        self.url = self.envoy.url
-
-    async def wait_ready(self, limit_s: float = 90.0) -> None:
-        """One completion through Envoy and the EPP (the EPP answers 503 until its first scrape
-        of the engines' metrics)."""
-        await first_completion(self.url, [self.epp, self.envoy], limit_s)
-
-    def cpu_seconds(self) -> float:
-        return self.epp.cpu_seconds() + self.envoy.cpu_seconds()
-
-    def stop(self) -> None:
-        self.envoy.stop()
-        self.epp.stop()
-
-
-async def first_completion(url: str, procs: list[Proc], limit_s: float) -> None:
-    """Wait until a one-token completion through `url` answers 200."""
-    body = {"model": MODEL, "prompt": "ready?", "max_tokens": 1}
-    deadline = time.monotonic() + limit_s
-    status, text = 0, ""
-    async with aiohttp.ClientSession() as session:
-        while time.monotonic() < deadline:
-            for proc in procs:
-                if proc.proc.poll() is not None:
-                    raise RuntimeError(f"{proc.name} exited: {proc.log_path.read_text()[-2000:]}")
-            try:
-                async with session.post(
-                    url + "/v1/completions", json=body, timeout=aiohttp.ClientTimeout(total=10)
-                ) as r:
-                    status, text = r.status, await r.text()
-                    if status == 200:
-                        return
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                text = repr(exc)
-            await asyncio.sleep(0.5)
-    logs = "\n".join(p.log_path.read_text()[-1500:] for p in procs)
-    raise TimeoutError(f"{url} not serving ({status} {text[:300]}): {logs}")
-
-
 # -- routers -------------------------------------------------------------------------------------
 
 
@@ -309,6 +129,9 @@ class Router:
         prefill, decode = pool.halves()
         prometheus = ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
         tandem_flags = emulated_pool_flags(pool.engines) + args.tandem_args.split()
+        if kind.endswith("-predictive"):
+            kind = kind.removesuffix("-predictive")
+            tandem_flags += ["--policy", "predictive"]
         if kind == "tandem":
             argv = router_argv("tandem", port, pool.urls, tandem_flags)
         elif kind == "tandem-pd":
@@ -335,7 +158,7 @@ class Router:
         elif kind == "llmd":
             if not args.llmd_epp or not args.envoy:
                 raise SystemExit("the llmd router needs --llmd-epp PATH and --envoy PATH")
-            self.llmd = LlmdRouter(args.llmd_epp, args.envoy, pool)
+            self.llmd = LlmdRouter(args.llmd_epp, args.envoy, [e.port for e in pool.engines])
             self.url = self.llmd.url
             return
         else:
@@ -442,9 +265,33 @@ async def run_router(
         )  # fmt: skip
         cpu = router.cpu_seconds() - cpu0
         after = await engine_counters(pool.engines)
+        own = await tandem_figures(router.url) if kind in TANDEM_ROUTERS else {}
     finally:
         router.stop()
-    return row_of(record, slos, cache_delta(before, after), cpu, args.speedup)
+    return row_of(record, slos, cache_delta(before, after), cpu, args.speedup) | own
+
+
+async def tandem_figures(url: str) -> dict[str, Any]:
+    """What Tandem's router says of the run on /metrics: its P/D decisions, and under the
+    predictive policy the mean |observed - predicted| / observed of each predicted quantity
+    (`tandem_router_prediction_error_ratio`'s _sum / _count: the MAPE)."""
+    async with aiohttp.ClientSession() as session, session.get(url + "/metrics") as response:
+        text = await response.text()
+    sums: dict[str, float] = {}
+    counts: dict[str, float] = {}
+    decisions: dict[str, float] = {}
+    for line in text.splitlines():
+        name, _, value = line.rpartition(" ")
+        if name.startswith("tandem_router_prediction_error_ratio_"):
+            quantity = name.split('quantity="', 1)[1].split('"', 1)[0]
+            if name.startswith("tandem_router_prediction_error_ratio_sum"):
+                sums[quantity] = float(value)
+            elif name.startswith("tandem_router_prediction_error_ratio_count"):
+                counts[quantity] = float(value)
+        elif name.startswith("tandem_router_decisions_total{"):
+            decisions[name.split('decision="', 1)[1].split('"', 1)[0]] = float(value)
+    mape = {q: sums[q] / counts[q] for q in sums if counts.get(q)}
+    return {"decisions": decisions, "prediction_mape": mape}
 
 
 # -- report --------------------------------------------------------------------------------------
@@ -478,7 +325,7 @@ def ratios(rows: dict[str, dict[str, Any]], slos: list[SLO]) -> dict[str, dict[s
     out: dict[str, dict[str, float]] = {}
     if not peers:
         return out
-    for name in ("tandem", "tandem-pd"):
+    for name in TANDEM_ROUTERS:
         row = rows.get(name)
         if not row:
             continue
@@ -493,6 +340,15 @@ def ratios(rows: dict[str, dict[str, Any]], slos: list[SLO]) -> dict[str, dict[s
             )
         out[name] = figures
     return out
+
+
+def print_tandem_figures(rows: dict[str, dict[str, Any]]) -> None:
+    for name, row in rows.items():
+        if "decisions" not in row:
+            continue
+        decided = ", ".join(f"{k} {v:.0f}" for k, v in sorted(row["decisions"].items()))
+        mape = ", ".join(f"{k} {v:.1%}" for k, v in sorted(row["prediction_mape"].items()))
+        print(f"    {name}: decisions {decided or '-'}" + (f"; MAPE {mape}" if mape else ""))
 
 
 def print_ratios(found: dict[str, dict[str, float]]) -> None:
@@ -564,6 +420,7 @@ async def main_async(args: argparse.Namespace) -> int:
             else ""
         )
         print_table(f"{title}, arrivals {load} ({offered}{bound}); latencies in ms", rows, slos)
+        print_tandem_figures(rows)
         found[load] = ratios(rows, slos)
         print_ratios(found[load])
     print(f"\nload average {load_text}")

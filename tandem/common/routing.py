@@ -39,8 +39,11 @@ class PredictiveConfig(SettingsModel):
     `x-slo-tpot-ms`)."""
     prefill_base_ms: float = Field(6.3, ge=0, alias="prefillBaseMs")
     """Seed: fixed cost of a prefill request."""
-    prefill_ms_per_kilo_token: float = Field(24.0, gt=0, alias="prefillMsPerKiloToken")
+    prefill_ms_per_kilo_token: float = Field(22.2, gt=0, alias="prefillMsPerKiloToken")
     """Seed: prefill time per 1,000 tokens (queued ahead or own)."""
+    prefill_ms_per_mega_pair: float = Field(1.9, ge=0, alias="prefillMsPerMegaPair")
+    """Seed: prefill time per million attention pairs (a prompt's quadratic part: u uncached
+    tokens after c cached ones make u · (c + u / 2) pairs)."""
     handoff_base_ms: float = Field(7.0, ge=0, alias="handoffBaseMs")
     """Seed: fixed cost of a KV handoff (the pull's latency and the decode engine's first step)."""
     handoff_ms_per_kilo_token: float = Field(2.9, ge=0, alias="handoffMsPerKiloToken")
@@ -55,6 +58,12 @@ class PredictiveConfig(SettingsModel):
     """The engines' max_num_batched_tokens: the largest prefill chunk one decode step carries."""
     forget: float = Field(0.98, gt=0.5, le=1, alias="forgetFactor")
     """Weight of a cost sample after each newer one (an effective window of 1 / (1 - forget))."""
+    interference_budget: float = Field(0.3, ge=0, le=0.9, alias="interferenceBudget")
+    """The part of a decode engine's time that the prefills placed on it may take (P/D), beyond
+    which a request is prefilled in the prefill pool unless only local meets its TTFT target:
+    a step of δ seconds becomes δ / (1 - share) per output token."""
+    interference_window_seconds: float = Field(1.0, gt=0, alias="interferenceWindowSeconds")
+    """The window over which an engine's prefill share is measured."""
     meet_probability: float = Field(0.5, gt=0, lt=1, alias="meetProbability")
     """A placement counts as meeting a target when it is predicted to with at least this
     probability; a sheddable request with no such placement is refused."""

@@ -93,6 +93,7 @@ class PredictiveInputs:
     output: LengthPrediction
     target: SloTarget
     keys: LengthKeys  # the request's output-length keys, learned from once it is answered
+    now: float  # monotonic seconds when the request was planned
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,8 +225,12 @@ def predictive_plan(
             predictive.output,
             predictive.target,
             settings.meet_probability,
+            settings.interference_budget,
             predictor.mean_uncached_tokens,
+            predictor.mean_uncached_pairs,
             predictor.mean_stream_tokens,
+            predictive.now,
+            settings.prefill_chunk_tokens,
             inputs.first_block_key,
         ),
         config.disaggregation.mode,

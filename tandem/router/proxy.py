@@ -247,7 +247,7 @@ class CompletionProxy:
         group = session if session is not None else features.first_block_key
         keys = length_keys(call.chat, max_tokens, features.prompt_tokens, group)
         output = predictor.lengths.predict(keys, max_tokens)
-        return PredictiveInputs(predictor, output, target, keys)
+        return PredictiveInputs(predictor, output, target, keys, time.monotonic())
 
     # -- carrying a plan out -----------------------------------------------------------------
 
@@ -281,6 +281,7 @@ class CompletionProxy:
             predictive.keys,
             target,
             call.body.get("stream") is True,
+            predictive.now,
         )
         try:
             await self._carry_out(call, features, plan, index_name, t_route)
@@ -445,6 +446,9 @@ class CompletionProxy:
         engine, response = await self._open_decode(call, ranking, payload, route)
         if call.show_engines:
             headers.append(("x-tandem-decode-engine", engine.id))
+            if call.ticket is not None:
+                predicted = call.ticket.placement.ttft_s * 1e3
+                headers.append(("x-tandem-predicted-ttft-ms", f"{predicted:.3f}"))
         if response is None:
             self.metrics.child(self.metrics.requests, route.value, "502").inc()
             raise ClientError(

@@ -24,9 +24,11 @@ from tandem.router.predict.output_length import (
 )
 from tandem.router.predict.placement import (
     PlacementInputs,
+    Work,
     kv_overflows,
     place,
     retry_after_s,
+    through_first_token,
 )
 from tandem.router.predict.predictor import Predictor
 from tandem.router.predict.slo import SloTarget, meet_probability, slo_class, slo_target
@@ -65,14 +67,43 @@ def test_online_linear_covariance_stays_bounded_without_new_information() -> Non
 
 
 def test_engine_costs_formulas_and_learning() -> None:
-    costs = EngineCosts((0.006, 0.024), (0.007, 0.003), (0.006, 0.00002, 0.00003), forget=0.98)
-    assert costs.prefill_s(2000) == pytest.approx(0.006 + 0.048)
+    costs = EngineCosts(
+        (0.006, 0.024, 0.002), (0.007, 0.003), (0.006, 0.00002, 0.00003), forget=0.98
+    )
+    assert costs.prefill_s(2000, 2e6) == pytest.approx(0.006 + 0.048 + 0.004)
+    assert costs.prefill_compute_s(2000, 2e6) == pytest.approx(0.048 + 0.004)
     assert costs.handoff_s(1000) == pytest.approx(0.010)
     assert costs.step_s(10, 20000) == pytest.approx(0.006 + 0.0002 + 0.0006)
-    assert costs.prefill_s_per_token() == pytest.approx(2.4e-5)
-    for tokens in (500, 1000, 2000, 4000) * 20:  # an engine four times slower than the seed
-        costs.observe_prefill(tokens, 0.006 + 4 * 2.4e-5 * tokens)
-    assert costs.prefill_s(3000) == pytest.approx(0.006 + 4 * 2.4e-5 * 3000, rel=0.05)
+
+    def slow(tokens: float) -> float:  # an engine four times slower than the seed, both terms
+        return 0.006 + 4 * (2.4e-5 * tokens + 2e-9 * tokens * tokens / 2)
+
+    for tokens in (500, 1000, 2000, 4000, 8000) * 20:
+        costs.observe_prefill(tokens, tokens * tokens / 2, slow(tokens))
+    assert costs.prefill_s(3000, 4.5e6) == pytest.approx(slow(3000), rel=0.05)
+    assert costs.prefill_s(16000, 1.28e8) == pytest.approx(slow(16000), rel=0.05)
+
+
+def test_work_through_the_first_token_fills_the_last_step_behind_a_queue() -> None:
+    own = Work(1000.0, 5e5)
+    assert through_first_token(Work(0.0, 0.0), own, 8192) == own  # an idle engine: its own
+    assert through_first_token(Work(3000.0, 4e6), own, 8192) == Work(8192.0, 4.5e6)
+    assert through_first_token(Work(8000.0, 0.0), own, 8192) == Work(16384.0, 5e5)
+
+
+def test_prefill_share_is_a_decayed_rate() -> None:
+    ledger = EngineLedger(
+        EngineCosts((0.005, 0.025, 0.0), (0.005, 0.003), (0.006, 0.0, 0.0), 0.98), 1.0
+    )
+    assert ledger.prefill_share(5.0) == 0.0
+    ledger.add_prefill(10.0, 0.2)
+    assert ledger.prefill_share(10.0) == pytest.approx(0.2)
+    assert ledger.prefill_share(11.0) == pytest.approx(0.2 / math.e)
+    for i in range(200):  # 0.1 s of prefill every 0.25 s: a share of 0.4 on average
+        ledger.add_prefill(20.0 + i * 0.25, 0.1)
+    peak = 0.1 / (1 - math.exp(-0.25))  # just after a prefill; just before the next, peak - 0.1
+    assert ledger.prefill_share(20.0 + 199 * 0.25) == pytest.approx(peak)
+    assert ledger.prefill_share(20.0 + 199.999 * 0.25) == pytest.approx(peak - 0.1, rel=1e-3)
 
 
 # -- output length ------------------------------------------------------------------------------
@@ -162,8 +193,8 @@ def ledger_table() -> tuple[dict[str, EngineLedger], Callable[[Engine], EngineLe
 
     def ledger_of(e: Engine) -> EngineLedger:
         if e.id not in ledgers:
-            costs = EngineCosts((0.005, 0.025), (0.005, 0.003), (0.006, 0.0, 0.0), 0.98)
-            ledgers[e.id] = EngineLedger(costs)
+            costs = EngineCosts((0.005, 0.025, 0.0), (0.005, 0.003), (0.006, 0.0, 0.0), 0.98)
+            ledgers[e.id] = EngineLedger(costs, 1.0)
         return ledgers[e.id]
 
     return ledgers, ledger_of
@@ -183,8 +214,12 @@ def inputs_for(
         output=LengthPrediction(100.0, 300.0),
         target=SloTarget(ttft_ms / 1e3, tpot_ms / 1e3, sheddable),
         meet_threshold=0.5,
+        interference_budget=0.3,
         mean_uncached_tokens=1000.0,
+        mean_uncached_pairs=1e6,
         mean_stream_tokens=1000.0,
+        now=100.0,
+        chunk_tokens=8192,
     )
 
 
@@ -237,6 +272,34 @@ def test_pd_when_local_prefill_would_stall_running_streams() -> None:
     assert placement.prefill is None
 
 
+def test_interference_budget_sends_prefills_to_the_pool_unless_only_local_meets() -> None:
+    _, ledger_of = ledger_table()
+    d, p = engine("d", "decode"), engine("p", "prefill")
+    ledger_of(p).queued_tokens = 4000  # P/D: one full step of 8,192 tokens, 0.011 s handoff
+    placement = place([d], [p], ledger_of, inputs_for(2000, ttft_ms=300), "auto")
+    assert placement.prefill is None  # local is faster and within budget (share 0 + 0.05)
+    ledger_of(d).add_prefill(100.0, 0.28)  # the decode engine already spends 28% prefilling
+    placement = place([d], [p], ledger_of, inputs_for(2000, ttft_ms=300), "auto")
+    assert placement.decode.tpot_s == pytest.approx(0.006 / (1 - 0.28))
+    assert placement.prefill is None  # over budget, but no stream decodes there to suffer it
+    ledger_of(d).add_stream(1000, 100, 0.1)
+    d.in_flight = 1  # one stream: 55 + 50 ms local against 221 ms P/D, but over budget
+    placement = place([d], [p], ledger_of, inputs_for(2000, ttft_ms=300), "auto")
+    assert placement.prefill is not None  # 0.28 + 0.05 > 0.3, and P/D meets its 300 ms
+    assert placement.ttft_s == pytest.approx(0.005 + 0.025 * 8.192 + 0.011)
+    placement = place([d], [p], ledger_of, inputs_for(2000, ttft_ms=100), "auto")
+    assert placement.prefill is None  # P/D would miss 100 ms, local meets it: local
+
+
+def test_local_costs_the_delay_it_adds_to_running_streams() -> None:
+    _, ledger_of = ledger_table()
+    d, p = engine("d", "decode"), engine("p", "prefill")
+    ledger_of(p).queued_tokens = 1000  # P/D: a step of 8,192 tokens + 11 ms handoff = 221 ms
+    assert place([d], [p], ledger_of, inputs_for(2000), "auto").prefill is None  # 55 ms local
+    d.in_flight = 4  # four streams would wait 50 ms each: 55 + 200 ms > 221 ms
+    assert place([d], [p], ledger_of, inputs_for(2000), "auto").prefill is not None
+
+
 def test_pick_prefers_the_cached_engine_and_the_idle_one() -> None:
     _, ledger_of = ledger_table()
     a, b = engine("a", "both"), engine("b", "both")
@@ -269,7 +332,9 @@ def test_sheddable_request_is_shed_when_no_placement_meets() -> None:
 
 
 def test_kv_overflow_rules_an_engine_out() -> None:
-    ledger = EngineLedger(EngineCosts((0.005, 0.025), (0.005, 0.003), (0.006, 0.0, 0.0), 0.98))
+    ledger = EngineLedger(
+        EngineCosts((0.005, 0.025, 0.0), (0.005, 0.003), (0.006, 0.0, 0.0), 0.98), 1.0
+    )
     ledger.add_stream(9000, 2000, 0.05)
     full = engine("full", "decode")
     full.kv_usage = 0.9
@@ -290,7 +355,7 @@ def config(**scoring: object) -> RouterConfig:
 def predictive_inputs(predictor: Predictor) -> PredictiveInputs:
     keys = length_keys(False, 100, 2000, None)
     return PredictiveInputs(
-        predictor, predictor.lengths.predict(keys, 100), SloTarget(0.2, 0.05, False), keys
+        predictor, predictor.lengths.predict(keys, 100), SloTarget(0.2, 0.05, False), keys, 100.0
     )
 
 
@@ -336,21 +401,25 @@ def test_ticket_holds_and_gives_back_and_teaches() -> None:
     target = SloTarget(0.2, 0.05, False)
     keys = length_keys(False, 100, 2000, None)
     output = predictor.lengths.predict(keys, 100)
-    inputs = PlacementInputs(2000, 16, {}, output, target, 0.5, 1000.0, 1000.0)
+    inputs = PlacementInputs(
+        2000, 16, {}, output, target, 0.5, 0.3, 1000.0, 1e6, 1000.0, 100.0, 8192
+    )
     placement = place([d], [], predictor.ledger, inputs, "auto")
     ledger = predictor.ledger(d)
-    ticket = predictor.ticket(placement, 2000, output, keys, target, streaming=True)
+    ticket = predictor.ticket(placement, 2000, output, keys, target, True, 100.0)
     assert ledger.queued_tokens == 2000
-    before = ledger.costs.prefill_s(2000)
+    assert ledger.queued_pairs == 2e6
+    assert ledger.prefill_share(100.0) == pytest.approx(placement.decode.stall_s)
+    before = ledger.costs.prefill_s(2000, 2e6)
     ticket.first_byte(d, now=10.5, upstream_start=10.0, prefill_done=None)
     assert ledger.queued_tokens == 0
     assert ledger.streams == 1
     assert ledger.tightest_tpot_s() == 0.05
-    assert ledger.costs.prefill_s(2000) == before  # models learn once the answer has left
+    assert ledger.costs.prefill_s(2000, 2e6) == before  # models learn once the answer has left
     ticket.finished(output_tokens=51, last_event=11.5)
     assert ledger.streams == 0
     assert ledger.stream_tokens == 0
-    assert ledger.costs.prefill_s(2000) > before  # 0.5 s observed against ~0.06 s predicted
+    assert ledger.costs.prefill_s(2000, 2e6) > before  # 0.5 s observed against ~0.06 s predicted
     assert not ledger.tpot_targets
     assert ledger.costs.step_s(1, 2000) > 0.006  # 1 s over 50 tokens: 20 ms a step
     text = metrics.render().decode()
@@ -367,10 +436,12 @@ def test_ticket_of_an_abandoned_request_gives_back_its_queue() -> None:
     keys = length_keys(False, 100, 2000, None)
     output = predictor.lengths.predict(keys, 100)
     target = SloTarget(0.2, 0.05, False)
-    inputs = PlacementInputs(2000, 16, {}, output, target, 0.5, 1000.0, 1000.0)
+    inputs = PlacementInputs(
+        2000, 16, {}, output, target, 0.5, 0.3, 1000.0, 1e6, 1000.0, 100.0, 8192
+    )
     placement = place([d], [p], predictor.ledger, inputs, "auto")
     assert placement.prefill is not None
-    ticket = predictor.ticket(placement, 2000, output, keys, target, streaming=True)
+    ticket = predictor.ticket(placement, 2000, output, keys, target, True, 100.0)
     assert predictor.ledger(p).queued_tokens == 2000
     ticket.finished(None, None)
     assert predictor.ledger(p).queued_tokens == 0

@@ -3,7 +3,10 @@
 Each is a linear model y = θ·x fitted by recursive least squares with forgetting (`OnlineLinear`),
 seeded by a prior (the timing profile's figures, `PredictionConfig`):
 
-    prefill seconds  = θ0 + θ1 · (tokens ahead + own uncached tokens) / 1000
+    prefill seconds  = θ0 + θ1 · tokens / 1000 + θ2 · pairs / 10⁶
+                       (tokens: the uncached tokens ahead plus its own; pairs: their attention
+                       pairs, Σ u · (c + u / 2) over the requests of u uncached tokens after c
+                       cached ones: the quadratic part of a long prompt's prefill)
     handoff seconds  = θ0 + θ1 · prompt tokens / 1000       (KV pull + the decode engine's first step)
     decode step      = θ0 + θ1 · streams + θ2 · context tokens / 1000
 
@@ -73,9 +76,10 @@ class OnlineLinear:
 
 
 PRIOR_SAMPLES = 2.0  # the seed counts as this many requests against what is observed
-# the typical size of each feature: prefill and handoff (1, ~1k tokens), a step (1, ~16 streams,
-# ~16k context tokens)
-_PREFILL_SCALE = (1.0, 1.0)
+# the typical size of each feature: prefill (1, ~1k tokens, ~10⁶ pairs), handoff (1, ~1k tokens),
+# a step (1, ~16 streams, ~16k context tokens)
+_PREFILL_SCALE = (1.0, 1.0, 1.0)
+_HANDOFF_SCALE = (1.0, 1.0)
 _STEP_SCALE = (1.0, 16.0, 16.0)
 
 
@@ -93,22 +97,26 @@ class EngineCosts:
 
     def __init__(
         self,
-        prefill: tuple[float, float],
+        prefill: tuple[float, float, float],
         handoff: tuple[float, float],
         step: tuple[float, float, float],
         forget: float,
     ) -> None:
         self.prefill = OnlineLinear(prefill, prior_variance(_PREFILL_SCALE), forget)
-        self.handoff = OnlineLinear(handoff, prior_variance(_PREFILL_SCALE), forget)
+        self.handoff = OnlineLinear(handoff, prior_variance(_HANDOFF_SCALE), forget)
         self.step = OnlineLinear(step, prior_variance(_STEP_SCALE), forget)
 
-    def prefill_s(self, tokens: float) -> float:
-        """θ0 + θ1 · tokens / 1000: a prefill of `tokens` (the work ahead included)."""
+    def prefill_s(self, tokens: float, pairs: float) -> float:
+        """θ0 + θ1 · tokens / 1000 + θ2 · pairs / 10⁶: a prefill of `tokens` with `pairs`
+        attention pairs (the work ahead included)."""
         theta = self.prefill.theta
-        return theta[0] + theta[1] * tokens * 1e-3
+        return theta[0] + theta[1] * tokens * 1e-3 + theta[2] * pairs * 1e-6
 
-    def prefill_s_per_token(self) -> float:
-        return self.prefill.theta[1] * 1e-3
+    def prefill_compute_s(self, tokens: float, pairs: float) -> float:
+        """θ1 · tokens / 1000 + θ2 · pairs / 10⁶: the engine time a prefill's tokens take, what a
+        local prefill stalls the streams decoding beside it for."""
+        theta = self.prefill.theta
+        return theta[1] * tokens * 1e-3 + theta[2] * pairs * 1e-6
 
     def handoff_s(self, prompt_tokens: float) -> float:
         """θ0 + θ1 · prompt tokens / 1000: the KV pull and the first decode step."""
@@ -120,8 +128,8 @@ class EngineCosts:
         theta = self.step.theta
         return theta[0] + theta[1] * streams + theta[2] * context_tokens * 1e-3
 
-    def observe_prefill(self, tokens: float, seconds: float) -> None:
-        self.prefill.update((1.0, tokens * 1e-3), seconds)
+    def observe_prefill(self, tokens: float, pairs: float, seconds: float) -> None:
+        self.prefill.update((1.0, tokens * 1e-3, pairs * 1e-6), seconds)
 
     def observe_handoff(self, prompt_tokens: float, seconds: float) -> None:
         self.handoff.update((1.0, prompt_tokens * 1e-3), seconds)

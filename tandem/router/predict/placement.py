@@ -2,39 +2,51 @@
 
 For a request of P prompt tokens, its predicted output (median L, p90 L90, `output_length.py`),
 its targets (T_ttft, T_tpot, `slo.py`) and block size B, with each engine's learned costs
-(`cost_model.py`) and this router's record of its open work (`ledger.py`):
+(`cost_model.py`) and this router's record of its open work (`ledger.py`) at time t:
 
-    ahead(e)     = queued_tokens(e) + max(waiting(e) - pending_at_scrape(e), 0) · mean uncached tokens
-                   (this router's unfinished prefill work there, plus the engine's queue of other
-                   routers' requests at the mean size)
-    uncached(e)  = max(P - hit_blocks(e) · B, 0)
+    uncached(e)  = u = max(P - hit_blocks(e) · B, 0),  its pairs(e) = u · (P - u + u / 2)
+    ahead(e)     = queued tokens and pairs(e) + max(waiting(e) - pending_at_scrape(e), 0) · the
+                   mean uncached tokens and pairs (this router's unfinished prefill work there, plus
+                   the engine's queue of other routers' requests at the mean size)
     streams(d)   = `Engine.streams()` (the router's live count, or the engine's scraped one)
     context(d)   = stream_tokens(d) + max(streams(d) - own streams(d), 0) · mean stream tokens
+    share(d)     = the ledger's prefill share of d's time at t
+
+    through(e)   = own work with nothing ahead; else ahead(e) + own work, its tokens rounded up to
+                   whole steps of `prefillChunkTokens` (the step that completes the prompt is
+                   filled to the batch budget by the requests queued behind it)
 
   local on decode engine d:
-    TTFT  = prefill_s_d(ahead(d) + uncached(d))
-    TPOT  = step_s_d(streams(d) + 1, context(d) + P + L / 2)
+    TTFT  = prefill_s_d(through(d))
+    stall = prefill_compute_s_d(own work)  (what each stream decoding on d waits for it)
+    TPOT  = step_s_d(streams(d) + 1, context(d) + P + L / 2) / (1 - min(share(d), 0.9))
   prefill engine p, then decode engine d:
-    TTFT  = prefill_s_p(ahead(p) + uncached(p)) + handoff_s_d(P)
+    TTFT  = prefill_s_p(through(p)) + handoff_s_d(P)
     TPOT  = as local on d
 
   P(meet)  = Φ(ln(T_ttft / TTFT) / sigma_ttft) · Φ(ln(T_tpot / TPOT) / sigma_tpot)    (0 when d's KV is
              predicted to overflow: kv_usage(d) · (context(d) + its streams' remaining output +
              P + L90) / context(d) > 1, a preemption ahead)
-  cost     = TTFT + L · TPOT  (the predicted end-to-end time)
+  cost     = TTFT + L · TPOT + streams(d) · stall  (its predicted end-to-end time plus the delay
+             its prefill adds to every stream decoding there)
   pick     = among candidates whose P(meet) ≥ best P(meet) - 0.05, the lowest cost
              (ties to the higher rendezvous weight of the first block, which every replica shares)
 
-  P/D decision (mode auto, n = 1, a healthy prefill engine, the chosen decode engine not colocated):
-    local prefill on d stalls its running streams for its uncached tokens; their TPOT becomes
-      TPOT_running = step_s_d(streams(d) + 1, context(d) + P)
-                     + uncached(d) · prefill_s_per_token_d / max(remaining per stream, 1)
-      (remaining per stream = stream_output_tokens(d) / (2 · own streams(d)): halfway on average)
-    disaggregate ⇔ P(TTFT_pd ≤ T_ttft) ≥ q and
-                   (P(TTFT_local ≤ T_ttft) < q or P(TPOT_running ≤ tightest target on d) < q)
-    where q = `meetProbability`, the prefill engine is the one of lowest TTFT_pd and the P/D
-    decode engine the candidate of lowest TPOT. A prefill pool that is behind has a large
-    ahead(p), so its TTFT_pd misses and the request stays local.
+  P/D decision (mode auto, n = 1, a healthy prefill engine, the chosen decode engine not colocated),
+  with the local pick d, the prefill engine of lowest TTFT_pd and the P/D decode engine the
+  candidate of lowest TPOT:
+    over budget ⇔ share(d) + stall(d) / w > `interferenceBudget` (w: the share's window)
+    hurts       ⇔ P(TPOT_running ≤ tightest TPOT target of d's streams) < q, where
+                  TPOT_running = step_s_d(streams + 1, context + P) / (1 - min(share, 0.9))
+                                 + stall / max(remaining output per stream, 1)
+                  (remaining per stream = stream_output_tokens / (2 · own streams): halfway on average)
+    disaggregate ⇔ TTFT_pd ≤ TTFT_local + streams(d) · stall(d)          (less delay in all)
+                   or streams(d) > 0 and (over budget or hurts) and P(TTFT_pd ≤ T_ttft) ≥ q
+    with q = `meetProbability`: P/D when it costs the pool less waiting, or when local prefill
+    would take the streams decoding on d past their budget or target and P/D meets the TTFT
+    target (so a TTFT target that only local meets is never given up for the budget). A prefill
+    pool that is behind has a large ahead(p): its
+    TTFT_pd grows until local costs less, and the decode engines take prefills within budget.
   shed ⇔ the class is sheddable and P(meet) of the chosen placement < q.
 """
 
@@ -51,6 +63,7 @@ from tandem.router.predict.slo import SloTarget, meet_probability
 from tandem.router.rendezvous import weight
 
 CLOSE_ENOUGH = 0.05  # P(meet) this close to the best's counts as equally likely
+MAX_SHARE = 0.9  # a prefill share above it predicts a TPOT of ten steps, not an infinite one
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,9 +74,21 @@ class PlacementInputs:
     output: LengthPrediction
     target: SloTarget
     meet_threshold: float
+    interference_budget: float
     mean_uncached_tokens: float  # the mean size of a request the router has not seen
+    mean_uncached_pairs: float
     mean_stream_tokens: float
+    now: float  # monotonic seconds, the clock of the ledgers' prefill shares
+    chunk_tokens: int  # the engines' max_num_batched_tokens
     first_block_key: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Work:
+    """Prefill work: uncached tokens and their attention pairs."""
+
+    tokens: float
+    pairs: float
 
 
 @dataclass(slots=True)
@@ -72,9 +97,11 @@ class Candidate:
 
     engine: Engine
     ledger: EngineLedger
-    uncached: float
-    ahead: float
+    own: Work
+    through: Work  # the engine's prefill work until its first token (`through_first_token`)
     ttft_s: float
+    stall_s: float
+    share: float
     tpot_s: float
     streams: float
     context: float
@@ -86,8 +113,8 @@ class Candidate:
 class PrefillPick:
     engine: Engine
     ledger: EngineLedger
-    uncached: float
-    ahead: float
+    own: Work
+    through: Work
     ttft_s: float  # the prefill's part, without the handoff
 
 
@@ -107,35 +134,59 @@ class Placement:
         return self.prefill.ledger if self.prefill else self.decode.ledger
 
     @property
-    def prefill_tokens(self) -> float:
-        """The uncached tokens the prefilling engine computes."""
-        return self.prefill.uncached if self.prefill else self.decode.uncached
+    def prefill_work(self) -> Work:
+        """The uncached work the prefilling engine computes."""
+        return self.prefill.own if self.prefill else self.decode.own
 
 
-def ahead_tokens(engine: Engine, ledger: EngineLedger, mean_uncached_tokens: float) -> float:
+def ahead_work(engine: Engine, ledger: EngineLedger, inputs: PlacementInputs) -> Work:
     """ahead(e) (module docstring)."""
     others = engine.waiting - engine.pending_at_scrape
-    return ledger.queued_tokens + (others * mean_uncached_tokens if others > 0 else 0.0)
+    if others <= 0:
+        return Work(ledger.queued_tokens, ledger.queued_pairs)
+    return Work(
+        ledger.queued_tokens + others * inputs.mean_uncached_tokens,
+        ledger.queued_pairs + others * inputs.mean_uncached_pairs,
+    )
 
 
-def uncached_tokens(engine: Engine, inputs: PlacementInputs) -> float:
-    """uncached(e) = max(P - hit_blocks(e) · B, 0)."""
-    uncached = inputs.prompt_tokens - inputs.hits.get(engine.id, 0) * inputs.block_size
-    return float(uncached) if uncached > 0 else 0.0
+def own_work(engine: Engine, inputs: PlacementInputs) -> Work:
+    """u = max(P - hit_blocks(e) · B, 0) uncached tokens after P - u cached ones, and their
+    u · (P - u + u / 2) attention pairs."""
+    prompt = inputs.prompt_tokens
+    uncached = prompt - inputs.hits.get(engine.id, 0) * inputs.block_size
+    if uncached <= 0:
+        return Work(0.0, 0.0)
+    return Work(float(uncached), uncached * (prompt - uncached * 0.5))
+
+
+def through_first_token(ahead: Work, own: Work, chunk_tokens: int) -> Work:
+    """The work an engine computes before the request's first token: with nothing ahead, its own;
+    behind a queue, ahead + own rounded up to whole steps of `chunk_tokens`, since the step that
+    completes the prompt is filled to the batch budget by the requests queued after it (the first
+    token comes at the end of that step)."""
+    tokens = ahead.tokens + own.tokens
+    if ahead.tokens <= 0.0 or tokens <= 0.0:
+        return Work(tokens, ahead.pairs + own.pairs)
+    return Work(math.ceil(tokens / chunk_tokens) * chunk_tokens, ahead.pairs + own.pairs)
 
 
 def decode_candidate(engine: Engine, ledger: EngineLedger, inputs: PlacementInputs) -> Candidate:
     """The local prediction on decode engine `engine` (module docstring)."""
     costs = ledger.costs
     prompt = inputs.prompt_tokens
-    uncached = uncached_tokens(engine, inputs)
-    ahead = ahead_tokens(engine, ledger, inputs.mean_uncached_tokens)
+    own = own_work(engine, inputs)
+    ahead = ahead_work(engine, ledger, inputs)
     streams = engine.streams()
     foreign = streams - ledger.streams
     context = ledger.stream_tokens + (foreign * inputs.mean_stream_tokens if foreign > 0 else 0.0)
     output = inputs.output
-    ttft = costs.prefill_s(ahead + uncached)
-    tpot = costs.step_s(streams + 1, context + prompt + output.median * 0.5)
+    through = through_first_token(ahead, own, inputs.chunk_tokens)
+    ttft = costs.prefill_s(through.tokens, through.pairs)
+    stall = costs.prefill_compute_s(own.tokens, own.pairs)
+    share = ledger.prefill_share(inputs.now)
+    step = costs.step_s(streams + 1, context + prompt + output.median * 0.5)
+    tpot = step / (1.0 - min(share, MAX_SHARE))
     target = inputs.target
     meet = meet_probability(ttft, target.ttft_s, ledger.ttft_sigma()) * meet_probability(
         tpot, target.tpot_s, ledger.tpot_sigma()
@@ -143,8 +194,8 @@ def decode_candidate(engine: Engine, ledger: EngineLedger, inputs: PlacementInpu
     if kv_overflows(engine, ledger, context, prompt + output.p90):
         meet = 0.0
     return Candidate(
-        engine, ledger, uncached, ahead, ttft, tpot, streams, context, meet,
-        ttft + output.median * tpot,
+        engine, ledger, own, through, ttft, stall, share, tpot, streams, context, meet,
+        ttft + output.median * tpot + streams * stall,
     )  # fmt: skip
 
 
@@ -159,12 +210,10 @@ def kv_overflows(engine: Engine, ledger: EngineLedger, context: float, new_token
 def running_tpot_s(candidate: Candidate, prompt_tokens: int) -> float:
     """TPOT_running of the streams already on the candidate's engine if it prefills locally."""
     ledger = candidate.ledger
-    costs = ledger.costs
     remaining = ledger.stream_output_tokens / (2 * ledger.streams) if ledger.streams else 1.0
-    stall = candidate.uncached * costs.prefill_s_per_token()
-    return costs.step_s(candidate.streams + 1, candidate.context + prompt_tokens) + stall / max(
-        remaining, 1.0
-    )
+    step = ledger.costs.step_s(candidate.streams + 1, candidate.context + prompt_tokens)
+    slowed = step / (1.0 - min(candidate.share, MAX_SHARE))
+    return slowed + candidate.stall_s / max(remaining, 1.0)
 
 
 def _pick(candidates: Sequence[Candidate], first_block_key: int | None) -> Candidate:
@@ -193,11 +242,11 @@ def _best_prefill(
     best: PrefillPick | None = None
     for engine in prefillers:
         ledger = ledger_of(engine)
-        uncached = uncached_tokens(engine, inputs)
-        ahead = ahead_tokens(engine, ledger, inputs.mean_uncached_tokens)
-        ttft = ledger.costs.prefill_s(ahead + uncached)
+        own = own_work(engine, inputs)
+        through = through_first_token(ahead_work(engine, ledger, inputs), own, inputs.chunk_tokens)
+        ttft = ledger.costs.prefill_s(through.tokens, through.pairs)
         if best is None or ttft < best.ttft_s:
-            best = PrefillPick(engine, ledger, uncached, ahead, ttft)
+            best = PrefillPick(engine, ledger, own, through, ttft)
     assert best is not None
     return best
 
@@ -230,7 +279,7 @@ def place(
         ledger = decode.ledger
         pd_ttft = pick.ttft_s + ledger.costs.handoff_s(inputs.prompt_tokens)
         pd_ttft_meet = meet_probability(pd_ttft, target.ttft_s, ledger.ttft_sigma())
-        if disaggregation == "always" or (pd_ttft_meet >= q and _local_hurts(local, inputs, q)):
+        if disaggregation == "always" or _disaggregate(local, pd_ttft, pd_ttft_meet, inputs):
             tpot_meet = meet_probability(decode.tpot_s, target.tpot_s, ledger.tpot_sigma())
             chosen, prefill, ttft, meet = decode, pick, pd_ttft, pd_ttft_meet * tpot_meet
     return Placement(
@@ -244,11 +293,24 @@ def place(
     )
 
 
-def _local_hurts(local: Candidate, inputs: PlacementInputs, q: float) -> bool:
-    """Local misses its TTFT target, or its prefill pushes the running streams past theirs."""
-    ledger = local.ledger
-    if meet_probability(local.ttft_s, inputs.target.ttft_s, ledger.ttft_sigma()) < q:
+def _disaggregate(
+    local: Candidate, pd_ttft: float, pd_ttft_meet: float, inputs: PlacementInputs
+) -> bool:
+    """The P/D decision of mode auto (module docstring)."""
+    if pd_ttft <= local.ttft_s + local.streams * local.stall_s:
         return True
+    q = inputs.meet_threshold
+    ledger = local.ledger
+    window = ledger.share_window_s
+    over_budget = local.share + local.stall_s / window > inputs.interference_budget
+    if local.streams <= 0 or not (over_budget or _hurts_running_streams(local, inputs, q)):
+        return False
+    return pd_ttft_meet >= q
+
+
+def _hurts_running_streams(local: Candidate, inputs: PlacementInputs, q: float) -> bool:
+    """Local prefill pushes the streams decoding on the engine past their tightest TPOT target."""
+    ledger = local.ledger
     tightest = ledger.tightest_tpot_s()
     if tightest is None or local.streams <= 0:
         return False

@@ -5,8 +5,9 @@ A `Ticket` holds what the plan predicted and what it added to the ledgers, and t
 the request moves on (prefill answered, first byte, end); when the request ends, after its answer
 has left, each observation goes to the model that predicted it:
 
-    P/D prefill answered    -> prefill model of the prefill engine: (ahead + uncached, prefill s)
-    first byte, local       -> prefill model of the decode engine: (ahead + uncached, upstream s)
+    placed, local           -> the decode engine's prefill share: + its predicted stall
+    P/D prefill answered    -> prefill model of the prefill engine: (through work, prefill s)
+    first byte, local       -> prefill model of the decode engine: (through work, upstream s)
     first byte, P/D         -> handoff model of the decode engine: (prompt tokens, handoff s)
     end of a stream         -> step model of the decode engine: (streams + 1, context, TPOT), with
                                TPOT = (last event - first byte) / (output events - 1)
@@ -45,10 +46,12 @@ class Predictor:
         self.lengths = OutputLengthModel()
         self.ledgers: dict[str, EngineLedger] = {}
         self.mean_uncached_tokens = 512.0
+        self.mean_uncached_pairs = 512.0 * 256.0
         self.mean_stream_tokens = 1024.0
         self._prefill_seed = (
             config.prefill_base_ms * 1e-3,
             config.prefill_ms_per_kilo_token * 1e-3,
+            config.prefill_ms_per_mega_pair * 1e-3,
         )
         self._handoff_seed = (
             config.handoff_base_ms * 1e-3,
@@ -66,7 +69,9 @@ class Predictor:
             costs = EngineCosts(
                 self._prefill_seed, self._handoff_seed, self._step_seed, self.config.forget
             )
-            ledger = self.ledgers[engine.id] = EngineLedger(costs)
+            ledger = self.ledgers[engine.id] = EngineLedger(
+                costs, self.config.interference_window_seconds
+            )
         return ledger
 
     def forget(self, engine_id: str) -> None:
@@ -80,9 +85,13 @@ class Predictor:
         keys: LengthKeys,
         target: SloTarget,
         streaming: bool,
+        now: float,
     ) -> Ticket:
-        uncached = placement.prefill_tokens
-        self.mean_uncached_tokens += MEAN_WEIGHT * (uncached - self.mean_uncached_tokens)
+        work = placement.prefill_work
+        self.mean_uncached_tokens += MEAN_WEIGHT * (work.tokens - self.mean_uncached_tokens)
+        self.mean_uncached_pairs += MEAN_WEIGHT * (work.pairs - self.mean_uncached_pairs)
+        if placement.prefill is None:
+            placement.decode.ledger.add_prefill(now, placement.decode.stall_s)
         return Ticket(self, placement, prompt_tokens, output, keys, target, streaming)
 
     def observe_error(self, quantity: str, predicted: float, observed: float) -> float:
@@ -137,8 +146,9 @@ class Ticket:
         self.target = target
         self.streaming = streaming
         self._queued_on: EngineLedger | None = placement.prefill_ledger
-        self._prefill_held = placement.prefill_tokens
-        self._queued_on.queued_tokens += self._prefill_held
+        self._prefill_held = placement.prefill_work
+        self._queued_on.queued_tokens += self._prefill_held.tokens
+        self._queued_on.queued_pairs += self._prefill_held.pairs
         self._stream_on: EngineLedger | None = None
         self._stream_tokens = prompt_tokens + output.median * 0.5
         self._prefill_s: float | None = None
@@ -148,8 +158,10 @@ class Ticket:
         self._prefill_done: float | None = None
 
     def _release_queue(self) -> None:
-        if self._queued_on is not None:
-            self._queued_on.queued_tokens -= self._prefill_held
+        queued_on = self._queued_on
+        if queued_on is not None:
+            queued_on.queued_tokens -= self._prefill_held.tokens
+            queued_on.queued_pairs -= self._prefill_held.pairs
             self._queued_on = None
 
     def prefilled(self, handed_off: bool, seconds: float | None) -> None:
@@ -193,7 +205,7 @@ class Ticket:
             return
         self._prefill_s = None
         ledger = prefill.ledger
-        ledger.costs.observe_prefill(prefill.ahead + prefill.uncached, seconds)
+        ledger.costs.observe_prefill(prefill.through.tokens, prefill.through.pairs, seconds)
         squared = self.predictor.observe_error("prefill", prefill.ttft_s, seconds)
         ledger.ttft_squared_log_error += ERROR_WEIGHT * (squared - ledger.ttft_squared_log_error)
 
@@ -206,8 +218,8 @@ class Ticket:
             return  # retried on another engine: not what was predicted
         observed = first - start
         if placement.prefill is None:
-            decode = placement.decode
-            ledger.costs.observe_prefill(decode.ahead + decode.uncached, observed)
+            through = placement.decode.through
+            ledger.costs.observe_prefill(through.tokens, through.pairs, observed)
         elif self._prefill_done is not None:
             ledger.costs.observe_handoff(self.prompt_tokens, first - self._prefill_done)
         squared = self.predictor.observe_error("ttft", placement.ttft_s, observed)

@@ -1,0 +1,202 @@
+"""The peers of the trace comparison that take more than a command line: SMG's package, and llm-d's
+router (its EPP, standalone, behind Envoy with the ext_proc filter, as llm-d's standalone chart
+wires them). Neither binary is built here: the benchmark takes them by path (docs/bench.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from router_bench import MODEL, PEERS, Proc
+
+from tandem.common.ports import free_port
+
+SMG_PACKAGE = "smg==1.13.0"
+
+
+def ensure_smg() -> None:
+    if not (PEERS / "bin" / "smg").exists():
+        subprocess.run([str(PEERS / "bin" / "pip"), "install", "-q", SMG_PACKAGE], check=True)
+
+
+# -- llm-d: the EPP behind Envoy -----------------------------------------------------------------
+
+
+def epp_config(endpoints_file: Path) -> dict[str, Any]:
+    """The EPP's EndpointPickerConfig: endpoints from a file, vLLM metrics scraped from each
+    engine's /metrics, and the default profile of llm-d's chart (queue 2, KV-cache utilization 2,
+    prefix cache 3) picked by maximum score. The approximate prefix producer's block is 128 tokens
+    (the trace's blocks after scaling; it clamps anything below 64 up to 64)."""
+    return {
+        "apiVersion": "llm-d.ai/v1alpha1",
+        "kind": "EndpointPickerConfig",
+        "plugins": [
+            {"name": "file-discovery", "type": "file-discovery",
+             "parameters": {"path": str(endpoints_file), "watchFile": False}},
+            {"type": "metrics-data-source",
+             "parameters": {"scheme": "http", "path": "/metrics"}},
+            {"type": "core-metrics-extractor"},
+            {"type": "single-profile-handler"},
+            {"type": "approx-prefix-cache-producer",
+             "parameters": {"autoTune": False, "blockSizeTokens": 128,
+                            "lruCapacityPerServer": 31250}},
+            {"type": "prefix-cache-scorer",
+             "parameters": {"prefixMatchInfoProducerName": "approx-prefix-cache-producer"}},
+            {"type": "kv-cache-utilization-scorer"},
+            {"type": "queue-scorer"},
+            {"type": "max-score-picker"},
+        ],
+        "dataLayer": {
+            "discovery": {"pluginRef": "file-discovery"},
+            "sources": [{"pluginRef": "metrics-data-source",
+                         "extractors": [{"pluginRef": "core-metrics-extractor"}]}],
+        },
+        "schedulingProfiles": [{"name": "default", "plugins": [
+            {"pluginRef": "queue-scorer", "weight": 2},
+            {"pluginRef": "kv-cache-utilization-scorer", "weight": 2},
+            {"pluginRef": "prefix-cache-scorer", "weight": 3},
+            {"pluginRef": "max-score-picker"},
+        ]}],
+    }  # fmt: skip
+
+
+def envoy_config(port: int, admin_port: int, grpc_port: int) -> dict[str, Any]:
+    """Envoy as llm-d's standalone chart configures it: every request through the ext_proc
+    filter (headers and bodies streamed both ways to the EPP), then to the endpoint the EPP
+    names in `x-gateway-destination-endpoint` (an ORIGINAL_DST cluster)."""
+    thresholds = {"max_connections": 40000, "max_pending_requests": 40000, "max_requests": 40000}
+    return {
+        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}},
+        "static_resources": {
+            "listeners": [{
+                "name": "gateway",
+                "address": {"socket_address": {"address": "127.0.0.1", "port_value": port}},
+                "filter_chains": [{"filters": [{
+                    "name": "envoy.filters.network.http_connection_manager",
+                    "typed_config": {
+                        "@type": "type.googleapis.com/envoy.extensions.filters.network."
+                                 "http_connection_manager.v3.HttpConnectionManager",
+                        "stat_prefix": "gateway",
+                        "route_config": {"name": "gateway", "virtual_hosts": [{
+                            "name": "all", "domains": ["*"],
+                            "routes": [{"match": {"prefix": "/"}, "route": {
+                                "cluster": "original_destination_cluster",
+                                "timeout": "600s", "idle_timeout": "600s"}}],
+                        }]},
+                        "http_filters": [
+                            {"name": "envoy.filters.http.ext_proc", "typed_config": {
+                                "@type": "type.googleapis.com/envoy.extensions.filters.http."
+                                         "ext_proc.v3.ExternalProcessor",
+                                "failure_mode_allow": False,
+                                "grpc_service": {"envoy_grpc": {"cluster_name": "ext_proc"},
+                                                 "timeout": "10s"},
+                                "processing_mode": {
+                                    "request_header_mode": "SEND",
+                                    "response_header_mode": "SEND",
+                                    "request_body_mode": "FULL_DUPLEX_STREAMED",
+                                    "response_body_mode": "FULL_DUPLEX_STREAMED",
+                                    "request_trailer_mode": "SEND",
+                                    "response_trailer_mode": "SEND",
+                                },
+                                "message_timeout": "600s",
+                            }},
+                            {"name": "envoy.filters.http.router", "typed_config": {
+                                "@type": "type.googleapis.com/envoy.extensions.filters.http."
+                                         "router.v3.Router",
+                                "suppress_envoy_headers": True}},
+                        ],
+                    },
+                }]}],
+            }],
+            "clusters": [
+                {"name": "original_destination_cluster", "type": "ORIGINAL_DST",
+                 "connect_timeout": "10s", "lb_policy": "CLUSTER_PROVIDED",
+                 "circuit_breakers": {"thresholds": [thresholds]},
+                 "original_dst_lb_config": {"use_http_header": True,
+                                            "http_header_name": "x-gateway-destination-endpoint"}},
+                {"name": "ext_proc", "type": "STATIC", "connect_timeout": "10s",
+                 "lb_policy": "ROUND_ROBIN",
+                 "circuit_breakers": {"thresholds": [thresholds]},
+                 "typed_extension_protocol_options": {
+                     "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                         "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3."
+                                  "HttpProtocolOptions",
+                         "explicit_http_config": {"http2_protocol_options": {}}}},
+                 "load_assignment": {"cluster_name": "ext_proc", "endpoints": [{"lb_endpoints": [
+                     {"endpoint": {"address": {"socket_address": {
+                         "address": "127.0.0.1", "port_value": grpc_port}}}}]}]}},
+            ],
+        },
+    }  # fmt: skip
+
+
+class LlmdRouter:
+    """The EPP and the Envoy in front of it, started and stopped together; `url` is Envoy's."""
+
+    def __init__(self, epp: Path, envoy: Path, ports: list[int]) -> None:
+        self.scratch = Path(tempfile.mkdtemp(prefix="tandem-llmd-"))
+        endpoints = self.scratch / "endpoints.yaml"
+        entries = [
+            {"name": f"engine-{i}", "address": "127.0.0.1", "port": str(port)}
+            for i, port in enumerate(ports)
+        ]
+        endpoints.write_text(json.dumps({"endpoints": entries}))
+        config = self.scratch / "epp.yaml"
+        config.write_text(json.dumps(epp_config(endpoints)))
+        grpc_port = free_port()
+        self.epp = Proc("llmd-epp", [
+            str(epp), "--config-file", str(config), "--pool-name", "tandem-trace",
+            "--pool-namespace", "default", "--grpc-port", str(grpc_port),
+            "--grpc-health-port", str(free_port()), "--metrics-port", str(free_port()),
+            "--secure-serving=false", "--health-checking=false", "--enable-pprof=false",
+            "--ha-enable-leader-election=false", "--zap-log-level", "error",
+        ], grpc_port)  # fmt: skip
+        port = free_port()
+        envoy_file = self.scratch / "envoy.json"
+        envoy_file.write_text(json.dumps(envoy_config(port, free_port(), grpc_port)))
+        self.envoy = Proc("llmd-envoy", [
+            str(envoy), "-c", str(envoy_file), "--disable-hot-restart", "--log-level", "warn",
+        ], port)  # fmt: skip
+        self.url = self.envoy.url
+
+    async def wait_ready(self, limit_s: float = 90.0) -> None:
+        """One completion through Envoy and the EPP (the EPP answers 503 until its first scrape
+        of the engines' metrics)."""
+        await first_completion(self.url, [self.epp, self.envoy], limit_s)
+
+    def cpu_seconds(self) -> float:
+        return self.epp.cpu_seconds() + self.envoy.cpu_seconds()
+
+    def stop(self) -> None:
+        self.envoy.stop()
+        self.epp.stop()
+
+
+async def first_completion(url: str, procs: list[Proc], limit_s: float) -> None:
+    """Wait until a one-token completion through `url` answers 200."""
+    body = {"model": MODEL, "prompt": "ready?", "max_tokens": 1}
+    deadline = time.monotonic() + limit_s
+    status, text = 0, ""
+    async with aiohttp.ClientSession() as session:
+        while time.monotonic() < deadline:
+            for proc in procs:
+                if proc.proc.poll() is not None:
+                    raise RuntimeError(f"{proc.name} exited: {proc.log_path.read_text()[-2000:]}")
+            try:
+                async with session.post(
+                    url + "/v1/completions", json=body, timeout=aiohttp.ClientTimeout(total=10)
+                ) as r:
+                    status, text = r.status, await r.text()
+                    if status == 200:
+                        return
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                text = repr(exc)
+            await asyncio.sleep(0.5)
+    logs = "\n".join(p.log_path.read_text()[-1500:] for p in procs)
+    raise TimeoutError(f"{url} not serving ({status} {text[:300]}): {logs}")
