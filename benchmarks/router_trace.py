@@ -43,6 +43,7 @@ import json
 import os
 import signal
 import sys
+from collections import defaultdict
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -50,6 +51,7 @@ from typing import Any
 
 import aiohttp
 import router_bench
+from prometheus_client.parser import text_string_to_metric_families
 from router_bench import (
     MODEL,
     PEERS,
@@ -265,32 +267,32 @@ async def run_router(
         )  # fmt: skip
         cpu = router.cpu_seconds() - cpu0
         after = await engine_counters(pool.engines)
-        own = await tandem_figures(router.url) if kind in TANDEM_ROUTERS else {}
+        own = tandem_figures(await metrics_text(router.url)) if kind in TANDEM_ROUTERS else {}
     finally:
         router.stop()
     return row_of(record, slos, cache_delta(before, after), cpu, args.speedup) | own
 
 
-async def tandem_figures(url: str) -> dict[str, Any]:
-    """What Tandem's router says of the run on /metrics: its P/D decisions, and under the
-    predictive policy the mean |observed - predicted| / observed of each predicted quantity
-    (`tandem_router_prediction_error_ratio`'s _sum / _count: the MAPE)."""
+async def metrics_text(url: str) -> str:
     async with aiohttp.ClientSession() as session, session.get(url + "/metrics") as response:
-        text = await response.text()
-    sums: dict[str, float] = {}
-    counts: dict[str, float] = {}
-    decisions: dict[str, float] = {}
-    for line in text.splitlines():
-        name, _, value = line.rpartition(" ")
-        if name.startswith("tandem_router_prediction_error_ratio_"):
-            quantity = name.split('quantity="', 1)[1].split('"', 1)[0]
-            if name.startswith("tandem_router_prediction_error_ratio_sum"):
-                sums[quantity] = float(value)
-            elif name.startswith("tandem_router_prediction_error_ratio_count"):
-                counts[quantity] = float(value)
-        elif name.startswith("tandem_router_decisions_total{"):
-            decisions[name.split('decision="', 1)[1].split('"', 1)[0]] = float(value)
-    mape = {q: sums[q] / counts[q] for q in sums if counts.get(q)}
+        return await response.text()
+
+
+def tandem_figures(text: str) -> dict[str, Any]:
+    """What Tandem's router says of the run in its /metrics `text`: its P/D decisions, and under
+    the predictive policy the mean |observed - predicted| / observed of each predicted quantity
+    (`tandem_router_prediction_error_ratio`'s _sum / _count: the MAPE)."""
+    totals: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:  # summed over the other labels (router processes)
+            if sample.name.startswith("tandem_router_prediction_error_ratio_"):
+                totals[sample.name][sample.labels["quantity"]] += sample.value
+            elif sample.name == "tandem_router_decisions_total":
+                totals[sample.name][sample.labels["decision"]] += sample.value
+    sums = totals["tandem_router_prediction_error_ratio_sum"]
+    counts = totals["tandem_router_prediction_error_ratio_count"]
+    decisions = dict(totals["tandem_router_decisions_total"])
+    mape = {q: sums[q] / counts[q] for q in sums if counts[q]}
     return {"decisions": decisions, "prediction_mape": mape}
 
 

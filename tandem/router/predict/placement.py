@@ -45,8 +45,8 @@ its targets (T_ttft, T_tpot, `slo.py`) and block size B, with each engine's lear
     with q = `meetProbability`: P/D when it costs the pool less waiting, or when local prefill
     would take the streams decoding on d past their budget or target and P/D meets the TTFT
     target (so a TTFT target that only local meets is never given up for the budget). A prefill
-    pool that is behind has a large ahead(p): its
-    TTFT_pd grows until local costs less, and the decode engines take prefills within budget.
+    pool that is behind has a large ahead(p): its TTFT_pd grows until local costs less, and the
+    decode engines take prefills within budget.
   shed ⇔ the class is sheddable and P(meet) of the chosen placement < q.
 """
 
@@ -166,7 +166,7 @@ def through_first_token(ahead: Work, own: Work, chunk_tokens: int) -> Work:
     completes the prompt is filled to the batch budget by the requests queued after it (the first
     token comes at the end of that step)."""
     tokens = ahead.tokens + own.tokens
-    if ahead.tokens <= 0.0 or tokens <= 0.0:
+    if ahead.tokens <= 0.0:
         return Work(tokens, ahead.pairs + own.pairs)
     return Work(math.ceil(tokens / chunk_tokens) * chunk_tokens, ahead.pairs + own.pairs)
 
@@ -185,8 +185,9 @@ def decode_candidate(engine: Engine, ledger: EngineLedger, inputs: PlacementInpu
     ttft = costs.prefill_s(through.tokens, through.pairs)
     stall = costs.prefill_compute_s(own.tokens, own.pairs)
     share = ledger.prefill_share(inputs.now)
-    step = costs.step_s(streams + 1, context + prompt + output.median * 0.5)
-    tpot = step / (1.0 - min(share, MAX_SHARE))
+    tpot = slowed_by_prefills(
+        costs.step_s(streams + 1, context + prompt + output.median * 0.5), share
+    )
     target = inputs.target
     meet = meet_probability(ttft, target.ttft_s, ledger.ttft_sigma()) * meet_probability(
         tpot, target.tpot_s, ledger.tpot_sigma()
@@ -207,13 +208,18 @@ def kv_overflows(engine: Engine, ledger: EngineLedger, context: float, new_token
     return engine.kv_usage * grown > context
 
 
+def slowed_by_prefills(step_s: float, share: float) -> float:
+    """A decode step's time per output token on an engine that prefills `share` of its time:
+    step / (1 - min(share, 0.9))."""
+    return step_s / (1.0 - min(share, MAX_SHARE))
+
+
 def running_tpot_s(candidate: Candidate, prompt_tokens: int) -> float:
     """TPOT_running of the streams already on the candidate's engine if it prefills locally."""
     ledger = candidate.ledger
     remaining = ledger.stream_output_tokens / (2 * ledger.streams) if ledger.streams else 1.0
     step = ledger.costs.step_s(candidate.streams + 1, candidate.context + prompt_tokens)
-    slowed = step / (1.0 - min(candidate.share, MAX_SHARE))
-    return slowed + candidate.stall_s / max(remaining, 1.0)
+    return slowed_by_prefills(step, candidate.share) + candidate.stall_s / max(remaining, 1.0)
 
 
 def _pick(candidates: Sequence[Candidate], first_block_key: int | None) -> Candidate:
@@ -312,7 +318,7 @@ def _hurts_running_streams(local: Candidate, inputs: PlacementInputs, q: float) 
     """Local prefill pushes the streams decoding on the engine past their tightest TPOT target."""
     ledger = local.ledger
     tightest = ledger.tightest_tpot_s()
-    if tightest is None or local.streams <= 0:
+    if tightest is None:
         return False
     running = running_tpot_s(local, inputs.prompt_tokens)
     return meet_probability(running, tightest, ledger.tpot_sigma()) < q
