@@ -69,6 +69,7 @@ class Call:
     show_engines: bool  # a trusted client asked for the engines' addresses
     request_id: str
     timing: Timing
+    tenant: str = ""  # `TenantDirectory.identify`'s name; "" with tenancy off
     # the `predictive` policy's record of the request, and what its answer showed
     ticket: Ticket | None = None
     output_tokens: int | None = None  # stream events (or usage) of the answer

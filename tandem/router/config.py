@@ -20,6 +20,7 @@ from tandem.common.routing import (
     ScoringConfig,
     TimeoutConfig,
 )
+from tandem.common.tenancy import TenancyConfig
 
 
 class _Strict(BaseModel):
@@ -131,6 +132,7 @@ class RouterConfig(_Strict):
     scoring: ScoringConfig = Field(default_factory=ScoringConfig)
     disaggregation: DisaggregationConfig = Field(default_factory=DisaggregationConfig)
     admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
+    tenancy: TenancyConfig = Field(default_factory=TenancyConfig)
     timeouts: TimeoutConfig = Field(default_factory=TimeoutConfig)
     http: HttpLimits = Field(default_factory=HttpLimits)
     trust: TrustConfig = Field(default_factory=TrustConfig)

@@ -47,6 +47,11 @@ _decode_json = msgspec.json.Decoder().decode
 _encode_json = msgspec.json.Encoder().encode
 _RETRY_STATUSES = frozenset((502, 503, 504))
 _DECODE_ATTEMPTS = 3
+_QUEUE_FULL = {
+    False: "The router's queue is full; retry later.",
+    True: "The router's queue is full and requests ranked above this one took its place; "
+    "retry later.",
+}
 
 
 def may_try_another_engine(exc: UpstreamError, route: Route) -> bool:
@@ -114,6 +119,7 @@ class CompletionProxy:
             trusted and self.trust.wants_engines(request),
             request.headers.get("x-request-id") or f"{self._id_prefix}{next(self._ids):x}",
             timing,
+            self.state.tenants.identify(request.headers, trusted),
         )
         target = self._slo_target(request, priority, trusted)
         deadline = 0.0 if target is None else timing.start + target.ttft_s
@@ -146,13 +152,14 @@ class CompletionProxy:
         try:
             if not admission.try_acquire():
                 async with asyncio.timeout(self.config.timeouts.request_s):
-                    await admission.acquire(priority, deadline)
+                    await admission.acquire(priority, deadline, call.tenant)
             return True
         except QueueFull as full:
-            self.metrics.child(self.metrics.rejected, "queue_full").inc()
+            reason = "shed" if full.dropped else "queue_full"
+            self.metrics.child(self.metrics.rejected, reason).inc()
             call.responder.send(
                 429,
-                error_body(429, "The router's queue is full; retry later."),
+                error_body(429, _QUEUE_FULL[full.dropped]),
                 [("retry-after", str(full.retry_after_s))],
             )
         except TimeoutError:
@@ -254,6 +261,7 @@ class CompletionProxy:
     async def _serve(self, call: Call, target: SloTarget | None) -> None:
         t_route = time.perf_counter()
         features = await self._features(call)
+        self._charge_tenant(call, features)
         plan, index_name, predictive = self._plan(call, features, target)
         metrics = self.metrics
         if plan is None:
@@ -287,6 +295,17 @@ class CompletionProxy:
             await self._carry_out(call, features, plan, index_name, t_route)
         finally:
             ticket.finished(call.output_tokens, call.last_event)
+
+    def _charge_tenant(self, call: Call, features: Features) -> None:
+        """Takes the request's tokens from its tenant's bucket, or refuses it with a 429."""
+        retry_after = self.state.tenants.charge(call.tenant, features.prompt_tokens, call.body)
+        if retry_after:
+            self.metrics.child(self.metrics.rejected, "rate_limit").inc()
+            raise ClientError(
+                429,
+                error_body(429, f"Tenant {call.tenant} is over its token rate; retry later."),
+                [("retry-after", str(retry_after))],
+            )
 
     async def _carry_out(
         self, call: Call, features: Features, plan: RoutePlan, index_name: str, t_route: float

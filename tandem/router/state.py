@@ -15,6 +15,8 @@ from tandem.router.features import featurizer_of
 from tandem.router.index import PrefixIndex
 from tandem.router.metrics import RouterMetrics
 from tandem.router.predict.predictor import Predictor
+from tandem.router.predict.slo import slo_class
+from tandem.router.tenants import TenantDirectory
 from tandem.router.upstream import Upstreams
 
 
@@ -28,8 +30,14 @@ class RouterState:
         # The exact index is consulted only when events can meet request keys (a tokenizer is set).
         self.use_exact = config.kv_events and self.featurizer.exact
         admission = config.admission
+        self.tenants = TenantDirectory(config.tenancy)
+        slo_classes = config.scoring.predictive.slo_classes
         self.admission = Admission(
-            admission.max_in_flight, admission.max_queue, admission.max_queue_per_priority
+            admission.max_in_flight,
+            admission.max_queue,
+            admission.max_queue_per_priority,
+            sheddable=lambda priority: slo_class(slo_classes, priority).sheddable,
+            weight=self.tenants.weight,
         )
         # the `predictive` policy's ledgers and models; None under `weighted`
         self.predictor = (
