@@ -17,9 +17,12 @@ from prometheus_client.registry import Collector
 PROCESS_LABEL = "process"
 
 
-def merge_families(expositions: Sequence[tuple[str, str]]) -> list[Metric]:
-    """Families of `expositions` ((process label value, exposition text) pairs), in order of
-    first appearance, each with the samples of every process labelled by its process."""
+def merge_families(
+    expositions: Sequence[tuple[str, str]], label: str = PROCESS_LABEL
+) -> list[Metric]:
+    """Families of `expositions` ((label value, exposition text) pairs), in order of first
+    appearance, each with the samples of every exposition labelled `label` by its value (the
+    process by default; the model in a gateway)."""
     merged: dict[str, Metric] = {}
     for process, text in expositions:
         for family in text_string_to_metric_families(text):
@@ -27,9 +30,7 @@ def merge_families(expositions: Sequence[tuple[str, str]]) -> list[Metric]:
             if into is None:
                 into = merged[family.name] = Metric(family.name, family.documentation, family.type)
             for sample in family.samples:
-                into.samples.append(
-                    sample._replace(labels={**sample.labels, PROCESS_LABEL: process})
-                )
+                into.samples.append(sample._replace(labels={**sample.labels, label: process}))
     return list(merged.values())
 
 

@@ -76,6 +76,12 @@ class RouterService:
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> int:
+        await self.start_pools()
+        return await self.start_serving()
+
+    async def start_pools(self) -> None:
+        """Discovery, the engine monitor and KV-event catch-up: everything but the HTTP ports (a
+        gateway serves several routers' pools on one port of its own, `gateway.py`)."""
         if self.config.static is not None:
             for engine in static_engines(self.config.static):
                 self.add_engine(engine)
@@ -86,6 +92,8 @@ class RouterService:
             self._watcher.start()
         self.monitor.start()
         await self._catch_up()
+
+    async def start_serving(self) -> int:
         self.port = await self.server.start(self.config.host, self.config.port, self.reuse_port)
         if self.admin_server is not None and self.config.trust.admin_port is not None:
             self.admin_port = await self.admin_server.start(

@@ -51,9 +51,7 @@ def output_tokens_asked(body: Mapping[str, Any], assumed: int) -> int:
 class TenantDirectory:
     """The tenants of one router: identification, weights and (per tenant) a token bucket."""
 
-    def __init__(
-        self, config: TenancyConfig, clock: Callable[[], float] = time.monotonic
-    ) -> None:
+    def __init__(self, config: TenancyConfig, clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self.enabled = config.enabled
         self.header = config.header.lower()

@@ -55,15 +55,19 @@ async def test_a_full_queue_drops_the_sheddable_level_first() -> None:
     urgent = asyncio.create_task(admission.acquire(0, 0.0, "chat"))
     await asyncio.sleep(0.01)
     dropped = [t for t in shed if t.done()]
-    assert len(dropped) == 1 and dropped[0] is shed[2]  # the newest of the sheddable level
+    assert len(dropped) == 1
+    assert dropped[0] is shed[2]
     error = dropped[0].exception()
-    assert isinstance(error, QueueFull) and error.dropped and error.retry_after_s >= 1
+    assert isinstance(error, QueueFull)
+    assert error.dropped
+    assert error.retry_after_s >= 1
     # A sheddable arrival on a full queue is refused itself: nothing ranks below it.
     with pytest.raises(QueueFull):
         await admission.acquire(10, 0.0, "bulk")
     admission.release()
     await urgent
-    assert admission.waiting == 2 and admission.dropped == 1
+    assert admission.waiting == 2
+    assert admission.dropped == 1
     for task in shed[:2]:
         task.cancel()
     await asyncio.gather(*shed[:2], return_exceptions=True)
@@ -77,16 +81,19 @@ async def test_a_full_level_drops_the_tenant_most_over_its_share() -> None:
     await asyncio.sleep(0)
     quiet = asyncio.create_task(admission.acquire(0, 0.0, "quiet"))
     await asyncio.sleep(0.01)
-    assert loud[3].done() and isinstance(loud[3].exception(), QueueFull)
+    assert loud[3].done()
+    assert isinstance(loud[3].exception(), QueueFull)
     # The loud tenant cannot push the quiet one out: 1 waiting of weight 1 is not over a share.
     with pytest.raises(QueueFull):
         await admission.acquire(0, 0.0, "loud")
     admission.release()
     await asyncio.sleep(0.01)
-    assert loud[0].done() and not quiet.done()  # both tenants start level: the earlier head
+    assert loud[0].done()
+    assert not quiet.done()
     admission.release()
     await asyncio.sleep(0.01)
-    assert quiet.done() and quiet.exception() is None  # then the quiet one, before loud's rest
+    assert quiet.done()
+    assert quiet.exception() is None
     for task in loud[1:3]:
         task.cancel()
     await asyncio.gather(*loud[1:3], return_exceptions=True)
@@ -96,7 +103,8 @@ async def test_a_full_level_drops_the_tenant_most_over_its_share() -> None:
 async def test_one_tenant_is_a_plain_priority_queue() -> None:
     admission = Admission(1, 100)
     order = await _served_order(admission, [(1, ""), (0, ""), (1, ""), (0, "")])
-    assert order == ["", "", "", ""] and admission.in_flight == 1
+    assert order == ["", "", "", ""]
+    assert admission.in_flight == 1
 
 
 def test_token_bucket_refills_and_allows_debt_on_a_full_bucket() -> None:
@@ -118,8 +126,12 @@ def test_tenant_of_a_key_a_header_or_nobody() -> None:
         TenancyConfig.model_validate(
             {
                 "tenants": [
-                    {"name": "team-a", "keySha256": [digest], "weight": 3,
-                     "rate": {"tokensPerSecond": 10, "burstTokens": 20}},
+                    {
+                        "name": "team-a",
+                        "keySha256": [digest],
+                        "weight": 3,
+                        "rate": {"tokensPerSecond": 10, "burstTokens": 20},
+                    },
                 ],
                 "defaultRate": {"tokensPerSecond": 1000},
             }
@@ -131,7 +143,8 @@ def test_tenant_of_a_key_a_header_or_nobody() -> None:
     assert directory.identify({"authorization": "Bearer sk-other"}, False) == f"key-{other}"
     assert directory.identify({"x-tandem-tenant": "batch"}, trusted=False) == ANONYMOUS
     assert directory.identify({"x-tandem-tenant": "batch"}, trusted=True) == "batch"
-    assert directory.weight("team-a") == 3 and directory.weight("batch") == 1
+    assert directory.weight("team-a") == 3
+    assert directory.weight("batch") == 1
     assert directory.charge("team-a", 10, {"max_tokens": 10}) == 0
     assert directory.charge("team-a", 10, {"max_tokens": 10}) == 2
     assert directory.charge("batch", 1000, {}) == 0  # 1000 + 256 assumed: debt on a full bucket
