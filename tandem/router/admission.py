@@ -10,7 +10,17 @@ with the level's virtual time V and each tenant t's finish tag F_t, a freed slot
 so a tenant of weight w gets w / Σ w of the level's slots while it is backlogged, and one that
 was idle starts at V (no credit saved up). Within a tenant, the earliest deadline first (the
 `predictive` policy passes arrival + TTFT target; otherwise none: first come first served).
-With one tenant this is exactly a priority queue.
+
+A tenant also has a guaranteed share of the slots, over the tenants A holding or awaiting one
+(itself included):
+
+    share_t = floor(max_in_flight · w_t / Σ_{a ∈ A} w_a)
+
+and a request of a tenant holding fewer than share_t, with none of its own waiting, takes a slot
+at once even when all `max_in_flight` are held: a quiet tenant never waits behind a loud one's
+backlog, at the price of up to 2 · max_in_flight requests in flight. A released slot passes to a
+waiter only while fewer than `max_in_flight` are held. With one tenant this is exactly the plain
+priority queue.
 
 A full queue (`max_queue` waiting, or `max_queue_per_priority` at the arrival's level) makes room
 before it refuses (QueueFull: 429 with a Retry-After estimate), dropping in this order:
@@ -61,10 +71,12 @@ class _Waiter:
     deadline: float
     seq: int
     future: asyncio.Future[None] = field(compare=False)
+    tenant: str = field(compare=False)
 
 
 @dataclass
 class _Tenant:
+    name: str
     weight: float
     finish: float = 0.0  # F_t
     waiters: list[_Waiter] = field(default_factory=list)  # a heap by (deadline, seq)
@@ -125,6 +137,7 @@ class Admission:
         self.max_queue_per_priority = max_queue_per_priority or max_queue
         self.in_flight = 0
         self.dropped = 0  # waiters that gave their place to a request ranked above them
+        self._running: dict[str, int] = {}  # slots held per tenant
         self._levels: dict[int, _Level] = {}
         self._waiting = 0
         self._seq = itertools.count()
@@ -144,18 +157,42 @@ class Admission:
     def observe_service_time(self, seconds: float) -> None:
         self.mean_service_s += 0.05 * (seconds - self.mean_service_s)
 
-    def try_acquire(self) -> bool:
-        """Take a slot without waiting, if one is free and nobody is queued."""
-        if self.in_flight < self.max_in_flight and not self._waiting:
-            self.in_flight += 1
+    def try_acquire(self, tenant: str = "") -> bool:
+        """Take a slot without waiting: one is free and nobody is queued, or the tenant holds
+        fewer than its guaranteed share and has nobody queued."""
+        if (self.in_flight < self.max_in_flight and not self._waiting) or self._under_share(tenant):
+            self._take(tenant)
             return True
         return False
+
+    def _take(self, tenant: str) -> None:
+        self.in_flight += 1
+        self._running[tenant] = self._running.get(tenant, 0) + 1
+
+    def guaranteed_share(self, tenant: str) -> int:
+        """share_t of the module docstring."""
+        active = set(self._running)
+        active.update(
+            name
+            for level in self._levels.values()
+            for name, t in level.tenants.items()
+            if t.waiters
+        )
+        active.add(tenant)
+        total = sum(self._weight(name) for name in active)
+        return int(self.max_in_flight * self._weight(tenant) / total)
+
+    def _under_share(self, tenant: str) -> bool:
+        running = self._running.get(tenant, 0)
+        if running >= self.max_in_flight or self.waiting_of(tenant):
+            return False
+        return running < self.guaranteed_share(tenant)
 
     def _retry_after(self) -> int:
         return retry_after_seconds(self._waiting, self.max_in_flight, self.mean_service_s)
 
     async def acquire(self, priority: int = 0, deadline: float = 0.0, tenant: str = "") -> None:
-        if self.try_acquire():
+        if self.try_acquire(tenant):
             return
         self._make_room(priority, tenant)
         level = self._levels.get(priority)
@@ -163,8 +200,9 @@ class Admission:
             level = self._levels[priority] = _Level()
         queue = level.tenants.get(tenant)
         if queue is None:
-            queue = level.tenants[tenant] = _Tenant(self._weight(tenant))
-        waiter = _Waiter(deadline, next(self._seq), asyncio.get_running_loop().create_future())
+            queue = level.tenants[tenant] = _Tenant(tenant, self._weight(tenant))
+        future = asyncio.get_running_loop().create_future()
+        waiter = _Waiter(deadline, next(self._seq), future, tenant)
         heapq.heappush(queue.waiters, waiter)
         level.waiting += 1
         self._waiting += 1
@@ -175,7 +213,7 @@ class Admission:
             if not future.done() or future.cancelled():
                 self._forget(priority, tenant, waiter)
             elif future.exception() is None:
-                self.release()  # the slot was handed over just as we were cancelled
+                self.release(tenant)  # the slot was handed over just as we were cancelled
             raise
 
     def _make_room(self, priority: int, tenant: str) -> None:
@@ -231,8 +269,16 @@ class Admission:
         if not level.waiting:
             del self._levels[priority]
 
-    def release(self) -> None:
-        while self._waiting:
+    def release(self, tenant: str = "") -> None:
+        """Gives back a slot of `tenant`; the next waiter takes it while fewer than
+        `max_in_flight` are held (a tenant within its share may have taken one beyond)."""
+        left = self._running[tenant] - 1
+        if left:
+            self._running[tenant] = left
+        else:
+            del self._running[tenant]
+        self.in_flight -= 1
+        while self._waiting and self.in_flight < self.max_in_flight:
             priority = min(self._levels)
             level = self._levels[priority]
             tenant = level.next_tenant()
@@ -245,6 +291,5 @@ class Admission:
             if not level.waiting:
                 del self._levels[priority]
             if not waiter.future.done():
+                self._take(waiter.tenant)
                 waiter.future.set_result(None)  # the slot passes to the waiter
-                return
-        self.in_flight -= 1

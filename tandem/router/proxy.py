@@ -131,7 +131,7 @@ class CompletionProxy:
             await self._within_deadline(call, target)
         finally:
             admission = self.state.admission
-            admission.release()
+            admission.release(call.tenant)
             admission.observe_service_time(time.perf_counter() - timing.start - timing.queue_s)
 
     def _slo_target(self, request: Request, priority: int, trusted: bool) -> SloTarget | None:
@@ -150,7 +150,7 @@ class CompletionProxy:
         """Waits for an admission slot; answers 429/503 itself and returns False when refused."""
         admission = self.state.admission
         try:
-            if not admission.try_acquire():
+            if not admission.try_acquire(call.tenant):
                 async with asyncio.timeout(self.config.timeouts.request_s):
                     await admission.acquire(priority, deadline, call.tenant)
             return True

@@ -23,20 +23,22 @@ async def _served_order(admission: Admission, arrivals: list[tuple[int, str]]) -
 
     tasks = [asyncio.create_task(one(p, t)) for p, t in arrivals]
     await asyncio.sleep(0)
-    for _ in arrivals:
-        admission.release()
+    holder = ""
+    for served in range(len(arrivals)):
+        admission.release(holder)
         await asyncio.sleep(0)
+        holder = order[served]
     await asyncio.gather(*tasks)
     return order
 
 
 async def test_a_level_alternates_between_tenants_by_weight() -> None:
     weights = {"loud": 1.0, "quiet": 1.0, "heavy": 2.0}
-    admission = Admission(1, 100, weight=weights.__getitem__)
+    admission = Admission(1, 100, weight=lambda tenant: weights.get(tenant, 1.0))
     order = await _served_order(admission, [(0, "loud")] * 10 + [(0, "quiet")] * 3)
     # The quiet tenant's three requests, queued behind ten of the loud one's, go every other slot.
     assert order[:6] == ["loud", "quiet", "loud", "quiet", "loud", "quiet"]
-    admission = Admission(1, 100, weight=weights.__getitem__)
+    admission = Admission(1, 100, weight=lambda tenant: weights.get(tenant, 1.0))
     order = await _served_order(admission, [(0, "loud")] * 9 + [(0, "heavy")] * 9)
     assert order[:9].count("heavy") == 6  # weight 2 of 3
 
@@ -90,7 +92,7 @@ async def test_a_full_level_drops_the_tenant_most_over_its_share() -> None:
     await asyncio.sleep(0.01)
     assert loud[0].done()
     assert not quiet.done()
-    admission.release()
+    admission.release("loud")
     await asyncio.sleep(0.01)
     assert quiet.done()
     assert quiet.exception() is None
@@ -151,3 +153,35 @@ def test_tenant_of_a_key_a_header_or_nobody() -> None:
     off = TenantDirectory(TenancyConfig(enabled=False))
     assert off.identify({"authorization": f"Bearer {key}"}, True) == ""
     assert off.charge("", 10**9, {}) == 0
+
+
+async def test_a_tenant_within_its_share_never_waits_behind_anothers_backlog() -> None:
+    admission = Admission(4, 100)
+    for _ in range(4):
+        assert admission.try_acquire("loud")
+    backlog = [asyncio.create_task(admission.acquire(0, 0.0, "loud")) for _ in range(3)]
+    await asyncio.sleep(0)
+    assert admission.guaranteed_share("quiet") == 2  # floor(4 · 1 / 2)
+    await admission.acquire(0, 0.0, "quiet")
+    await admission.acquire(0, 0.0, "quiet")  # two beyond max_in_flight, at once
+    assert admission.in_flight == 6
+    third = asyncio.create_task(admission.acquire(0, 0.0, "quiet"))
+    await asyncio.sleep(0)
+    assert not third.done()
+    admission.release("loud")  # 5 still held: nobody moves up
+    await asyncio.sleep(0)
+    assert admission.in_flight == 5
+    assert admission.waiting == 4
+    admission.release("loud")
+    admission.release("quiet")  # 3 held: one waiter moves up, the earlier head of two level tags
+    await asyncio.sleep(0)
+    assert backlog[0].done()
+    assert not third.done()
+    admission.release("loud")  # then the quiet tenant's, whose finish tag is behind
+    await asyncio.sleep(0)
+    assert third.done()
+    assert admission.in_flight == 4
+    for task in backlog:
+        task.cancel()
+    await asyncio.gather(*backlog, return_exceptions=True)
+    assert admission.waiting == 0
