@@ -281,11 +281,11 @@ class Admission:
         while self._waiting and self.in_flight < self.max_in_flight:
             priority = min(self._levels)
             level = self._levels[priority]
-            tenant = level.next_tenant()
-            start = max(level.virtual, tenant.finish)
-            tenant.finish = start + 1.0 / tenant.weight
+            chosen = level.next_tenant()
+            start = max(level.virtual, chosen.finish)
+            chosen.finish = start + 1.0 / chosen.weight
             level.virtual = start
-            waiter = heapq.heappop(tenant.waiters)
+            waiter = heapq.heappop(chosen.waiters)
             level.waiting -= 1
             self._waiting -= 1
             if not level.waiting:
