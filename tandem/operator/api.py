@@ -28,6 +28,7 @@ from tandem.common.routing import (
     TimeoutConfig,
 )
 from tandem.common.settings import SettingsModel
+from tandem.common.tenancy import TenancyConfig
 
 GROUP = "tandem.dev"
 VERSION = "v1alpha1"
@@ -403,6 +404,9 @@ class RouterSpec(_Model):
     """Prefill/decode split policy."""
     admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
     """Queueing and request limits."""
+    tenancy: TenancyConfig = Field(default_factory=TenancyConfig)
+    """Tenants' fair shares of the admission queue and their token-rate limits (here and in a
+    shared gateway, `gateway`)."""
     timeouts: TimeoutConfig = Field(default_factory=TimeoutConfig)
     """Request timeouts."""
     metrics_scrape_interval_seconds: float = Field(0.5, gt=0, alias="metricsScrapeIntervalSeconds")
@@ -595,6 +599,22 @@ class NetworkPolicySpec(_Model):
     when the model cache is mounted read-only (engines are offline then); `to: []` denies it."""
 
 
+class GatewayJoin(_Model):
+    """Membership of a shared endpoint: one address for several ServingClusters' models."""
+
+    name: str = Field(min_length=1, max_length=MAX_NAME_LENGTH, pattern=NAME_PATTERN)
+    """The shared endpoint of the namespace this cluster joins. The operator runs `tandem
+    gateway` as `<name>-gateway` (Deployment, Service, ConfigMap) for every ServingCluster of the
+    namespace naming it: a request goes by its `model` to that model's pools, with the model's
+    own P/D and KV-aware routing, admission queue, tenants and client keys; an unknown model gets
+    vLLM's 404. The cluster's own router keeps serving too. The gateway's image, replicas and
+    Service follow the member whose name sorts first."""
+    replicas: int = Field(1, ge=0)
+    """Gateway pods (the first member's value counts)."""
+    service: RouterServiceSpec = Field(default_factory=RouterServiceSpec)
+    """The gateway's Service (the first member's value counts)."""
+
+
 class ServingClusterSpec(_Model):
     """Desired state of one disaggregated serving cluster."""
 
@@ -608,6 +628,8 @@ class ServingClusterSpec(_Model):
     """The decode pool (kv_consumer)."""
     router: RouterSpec = Field(default_factory=RouterSpec)
     """The KV-aware router."""
+    gateway: GatewayJoin | None = None
+    """A shared endpoint of the namespace this cluster's model joins (unset: none)."""
     autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec)
     """Pool autoscaling."""
     monitoring: MonitoringSpec = Field(default_factory=MonitoringSpec)

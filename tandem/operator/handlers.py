@@ -35,6 +35,7 @@ from tandem.operator.api import (
     parse_manifest,
 )
 from tandem.operator.cache import ChildUids, ObjectCache
+from tandem.operator.gateway_apply import apply_gateway
 from tandem.operator.kinds import CHILD_KINDS
 from tandem.operator.kube import Kube, KubeError
 from tandem.operator.ownership import Dependency, dependencies, foreign_owner
@@ -490,6 +491,8 @@ def _reconcile(
         sc, engine_key = ensure_engine_key(kube, body, sc)
         prune = full or needs_prune(generation, sc.status.observed_generation)
         outcome = apply_children(kube, body, sc, prune, caches.children if caches else None)
+        if sc.spec.gateway is not None:
+            apply_gateway(kube, sc.namespace, sc.spec.gateway.name)
     except KubeError as exc:
         message = f"applying children failed: {exc}"
         events(body, type="Warning", reason="ApplyFailed", message=message)
@@ -821,6 +824,13 @@ def register(
     @kopf.on.delete(GROUP, VERSION, PLURAL, optional=True, id="deleted", registry=registry)
     def deleted(body: kopf.Body, **_: Any) -> None:
         metrics.forget_cluster(body.metadata.namespace or "", body.metadata.name or "")
+        gateway = (body.spec.get("gateway") or {}).get("name")
+        if gateway:
+            # The other members' gateway drops this model now, not at their next reconcile.
+            try:
+                apply_gateway(client(), body.metadata.namespace or "", gateway, body.metadata.name)
+            except KubeError as exc:
+                log.warning("gateway %s not updated after a member left: %s", gateway, exc)
         kopf_event(body, type="Normal", reason="Deleting",
                    message="children are garbage-collected through their owner references; PVCs and Secrets are kept")  # fmt: skip
 

@@ -523,6 +523,7 @@ def router_config(
         scoring=router.scoring,
         disaggregation=router.disaggregation,
         admission=router.admission,
+        tenancy=router.tenancy,
         timeouts=router.timeouts,
         processes=router.processes,
         kubernetes=None

@@ -1,4 +1,5 @@
-"""The router's configuration file: one model shared by `tandem router`, the operator and `tandem up`.
+"""The router's configuration file: one model shared by `tandem router`, the operator and `tandem up`;
+and the gateway's (`GatewayConfig`): several models' router configs behind one endpoint.
 
 The operator renders this model into the router's ConfigMap (`router.yaml`); `tandem up` builds it
 directly; the router loads it with `RouterConfig.from_yaml_file`. It lives with the router because
@@ -169,6 +170,53 @@ class RouterConfig(_Strict):
 
     @classmethod
     def from_yaml_file(cls, path: str | Path) -> RouterConfig:
+        return cls.model_validate(yaml.safe_load(Path(path).read_text()))
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(
+            self.model_dump(mode="json", by_alias=True, exclude_none=True), sort_keys=False
+        )
+
+
+class GatewayConfig(_Strict):
+    """Everything `tandem gateway` needs: where it listens, whom it trusts, and one `RouterConfig`
+    per model (each with its own discovery, index, scoring, admission queue, tenancy and keys).
+
+    The gateway's `host`, `port`, `http` and `trust` replace those of every model's config; a
+    model keeps its client keys (a key opens only the models that accept it), its engine key and
+    its tenants.
+    """
+
+    host: str = "0.0.0.0"
+    port: int = 8000
+    http: HttpLimits = Field(default_factory=HttpLimits)
+    trust: TrustConfig = Field(default_factory=TrustConfig)
+    log_level: str = Field("info", alias="logLevel")
+    models: list[RouterConfig] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _distinct_names(self) -> GatewayConfig:
+        names = [m.served_model_name for m in self.models]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"served model names repeated: {', '.join(repeated)}")
+        return self
+
+    def router_config(self, model: RouterConfig) -> RouterConfig:
+        """`model` as one router of the gateway: the gateway's address and trust, no port or
+        admin port of its own, one process."""
+        return model.model_copy(
+            update={
+                "host": self.host,
+                "port": self.port,
+                "processes": 1,
+                "http": self.http,
+                "trust": self.trust.model_copy(update={"admin_port": None}),
+            }
+        )
+
+    @classmethod
+    def from_yaml_file(cls, path: str | Path) -> GatewayConfig:
         return cls.model_validate(yaml.safe_load(Path(path).read_text()))
 
     def to_yaml(self) -> str:

@@ -4,9 +4,9 @@ Each model is a whole `RouterService` (discovery, prefix index, scorers, P/D han
 queue with tenant fair shares) without a port of its own; the gateway reads the request body's
 `model`, hands the request to the router serving that name (its served name, or any name its
 proxy answers to, such as an adapter), and answers vLLM's 404 for a name nobody serves. No extra
-hop: the router of the model is called in-process. /v1/models lists every model; /health is ready
-while any model has a healthy decode engine; /metrics merges the models' metrics with a `model`
-label; every model's token buckets are the same tenant directory (one rate per tenant).
+hop: the router of the model is called in-process. A client key opens the models whose routers
+accept it (401 otherwise); /v1/models lists those; /health is ready while any model has a healthy
+decode engine; /metrics merges the models' metrics with a `model` label.
 """
 
 from __future__ import annotations
@@ -19,13 +19,11 @@ from typing import Any
 
 import msgspec
 
+from tandem.router.config import GatewayConfig
 from tandem.router.errors import error_body
-from tandem.router.gateway_config import GatewayConfig
 from tandem.router.httpserver import HttpServer, Request, Responder
 from tandem.router.metrics_merge import merge_families, render_families
 from tandem.router.service import RouterService
-from tandem.router.tenants import TenantDirectory
-from tandem.router.trust import ClientTrust
 
 log = logging.getLogger("tandem.router.gateway")
 
@@ -55,10 +53,6 @@ class GatewayService:
     def __init__(self, config: GatewayConfig):
         self.config = config
         self.routers = [RouterService(config.router_config(m)) for m in config.models]
-        self.tenants = TenantDirectory(config.tenancy)
-        for router in self.routers:
-            router.state.tenants = self.tenants  # one token bucket per tenant, across models
-        self.trust = ClientTrust(self.routers[0].config)
         max_body = max(m.admission.max_body_bytes for m in config.models)
         self.server = HttpServer(self.handle, max_body, config.http)
         self.admin_server = (
@@ -69,8 +63,16 @@ class GatewayService:
         self.port = 0
         self.admin_port: int | None = None
 
-    def served_names(self) -> list[str]:
-        return sorted(name for router in self.routers for name in router.proxy.model_names)
+    def served_names(self, request: Request | None = None) -> list[str]:
+        """Every model name served, or those whose routers accept `request`'s key."""
+        return sorted(
+            name for router in self._open_to(request) for name in router.proxy.model_names
+        )
+
+    def _open_to(self, request: Request | None) -> list[RouterService]:
+        if request is None:
+            return self.routers
+        return [router for router in self.routers if router.trust.authorized(request)]
 
     def router_of(self, name: str) -> RouterService | None:
         for router in self.routers:
@@ -106,15 +108,18 @@ class GatewayService:
         path = request.path
         if path not in _COMPLETIONS or request.method != "POST":
             await self._handle_other(request, responder)
-        elif not self.trust.authorized(request):
-            responder.send(401, error_body(401, "Unauthorized"), [("www-authenticate", "Bearer")])
+            return
+        router = self._route(request, responder)
+        if router is None:
+            return
+        if router.trust.authorized(request):
+            await router.proxy.generate(request, responder, chat=path == _COMPLETIONS[1])
         else:
-            router = self._route(request, responder)
-            if router is not None:
-                await router.proxy.generate(request, responder, chat=path == _COMPLETIONS[1])
+            _unauthorized(responder)
 
     def _route(self, request: Request, responder: Responder) -> RouterService | None:
-        """The router of the body's model; None once it has answered the client itself."""
+        """The router of the body's model; None once it has answered the client itself (a 404
+        names only the models the client's key opens, a 401 when it opens none)."""
         try:
             name = _decode_named(request.body).model
         except (msgspec.DecodeError, RecursionError):
@@ -122,27 +127,31 @@ class GatewayService:
         if name is None:
             if len(self.routers) == 1:
                 return self.routers[0]
-            served = ", ".join(self.served_names())
+            served = ", ".join(self.served_names(request))
             responder.send(
                 400, error_body(400, f"`model` is required: this endpoint serves {served}", "model")
             )
             return None
         router = self.router_of(name)
         if router is None:
-            responder.send(404, unknown_model(name, self.served_names()))
+            names = self.served_names(request)
+            if names:
+                responder.send(404, unknown_model(name, names))
+            else:
+                _unauthorized(responder)
         return router
 
     async def _handle_other(self, request: Request, responder: Responder) -> None:
         path = request.path
-        if path == "/v1/models" and self.trust.authorized(request):
-            responder.send(200, self._models())
+        if path == "/v1/models" and self._open_to(request):
+            responder.send(200, self._models(self._open_to(request)))
         elif path in ("/health", "/ping"):
             healthy = [r for r in self.routers if r.pool.candidates("decode")]
             responder.send(
                 200 if healthy else 503,
                 b"" if healthy else error_body(503, "no healthy decode engine for any model"),
             )
-        elif path in ("/metrics", "/engines") and self.trust.admin_on_main_port(request):
+        elif path in ("/metrics", "/engines") and self.routers[0].trust.admin_on_main_port(request):
             self._admin_path(path, responder)
         else:
             # /livez, /version, 401s, 405s and 404s are the same for every model
@@ -174,11 +183,16 @@ class GatewayService:
         else:
             responder.send(404, b'{"detail":"Not Found"}')
 
-    def _models(self) -> bytes:
+    @staticmethod
+    def _models(routers: list[RouterService]) -> bytes:
         cards: list[Any] = []
-        for router in self.routers:
+        for router in routers:
             cards += _decode_json(router._models())["data"]
         return _encode_json({"object": "list", "data": cards})
+
+
+def _unauthorized(responder: Responder) -> None:
+    responder.send(401, error_body(401, "Unauthorized"), [("www-authenticate", "Bearer")])
 
 
 async def serve(config: GatewayConfig) -> int:

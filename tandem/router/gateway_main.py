@@ -9,7 +9,7 @@ import sys
 
 from pydantic import ValidationError
 
-from tandem.router.gateway_config import GatewayConfig
+from tandem.router.config import GatewayConfig
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -16,7 +16,7 @@ from router_harness import DEBUG, LONG, SIDE_CHANNELS, Engine, Proc, metric, run
 from tandem_process import GOLDEN
 
 from tandem.common.ports import free_port
-from tandem.router.gateway_config import GatewayConfig
+from tandem.router.config import GatewayConfig
 
 
 class Gateway(Proc):
@@ -61,14 +61,19 @@ def test_two_models_on_one_endpoint_each_with_its_own_pd_pools(tmp_path: Path) -
     gateway = Gateway(
         {
             "trust": {"trustAllClients": True},
-            "models": [model("alpha", alpha, **always), model("beta", beta, **always)],
+            "models": [
+                model("alpha", alpha, apiKeys=["sk-alpha", "sk-both"], **always),
+                model("beta", beta, apiKeys=["sk-both"], **always),
+            ],
         },
         tmp_path,
     )
+    both = {"authorization": "Bearer sk-both"}
+    only_alpha = {"authorization": "Bearer sk-alpha"}
     engines = [*alpha["prefill"], *alpha["decode"], *beta["prefill"], *beta["decode"]]
     with running(*engines, gateway):
         for name, pools in (("alpha", alpha), ("beta", beta)):
-            answer = post(gateway.url, {"model": name, "prompt": LONG, "max_tokens": 4})
+            answer = post(gateway.url, {"model": name, "prompt": LONG, "max_tokens": 4}, **both)
             assert answer.status_code == 200, answer.text
             assert answer.json()["model"] == name
             assert answer.headers["x-tandem-route"] == "disaggregated"
@@ -81,7 +86,7 @@ def test_two_models_on_one_endpoint_each_with_its_own_pd_pools(tmp_path: Path) -
                 "messages": [{"role": "user", "content": "hi"}],
                 "max_tokens": 2,
             },
-            headers=DEBUG,
+            headers={**DEBUG, **both},
             timeout=60,
         )
         assert chat.status_code == 200, chat.text
@@ -90,19 +95,29 @@ def test_two_models_on_one_endpoint_each_with_its_own_pd_pools(tmp_path: Path) -
         # An unknown model: vLLM's own 404, byte for byte in shape (the real-vLLM transcript).
         captured = json.loads((GOLDEN / "single/10_err_unknown_model_completions.json").read_text())
         request = captured["request"]["body"]
-        missing = post(gateway.url, request)
+        missing = post(gateway.url, request, **both)
         assert missing.status_code == captured["response"]["status"] == 404
         expected = captured["response"]["body"]
         expected["error"]["message"] = expected["error"]["message"].replace(
             "Valid aliases: tiny.", "Valid aliases: alpha, beta."
         )
         assert missing.json() == expected
-        no_model = post(gateway.url, {"prompt": "hi", "max_tokens": 2})
+        no_model = post(gateway.url, {"prompt": "hi", "max_tokens": 2}, **both)
         assert no_model.status_code == 400
         assert no_model.json()["error"]["param"] == "model"
 
-        listed = httpx.get(gateway.url + "/v1/models", timeout=5).json()
+        listed = httpx.get(gateway.url + "/v1/models", headers=both, timeout=5).json()
         assert [card["id"] for card in listed["data"]] == ["alpha", "beta"]
+
+        # A key opens only the models whose routers accept it.
+        listed = httpx.get(gateway.url + "/v1/models", headers=only_alpha, timeout=5).json()
+        assert [card["id"] for card in listed["data"]] == ["alpha"]
+        beta_body = {"model": "beta", "prompt": "hi", "max_tokens": 2}
+        assert post(gateway.url, beta_body, **only_alpha).status_code == 401
+        assert post(gateway.url, beta_body).status_code == 401
+        assert httpx.get(gateway.url + "/v1/models", timeout=5).status_code == 401
+        unknown = post(gateway.url, request, **only_alpha).json()["error"]["message"]
+        assert unknown.endswith("Valid aliases: alpha.")
         text = httpx.get(gateway.url + "/metrics", timeout=5).text
         assert metric(text, "tandem_router_decisions_total", model="alpha") >= 1
         assert metric(text, "tandem_router_decisions_total", model="beta") >= 2
@@ -164,20 +179,20 @@ def test_token_rate_limit_and_sheddable_band_answer_429_with_retry_after(tmp_pat
     worker = served_as("tiny", None, speedup=1.0)
     gateway = Gateway(
         {
-            "apiKeys": [key, "sk-other"],
-            "tenancy": {
-                "tenants": [
-                    {
-                        "name": "team-a",
-                        "keySha256": [hashlib.sha256(key.encode()).hexdigest()],
-                        "rate": {"tokensPerSecond": 1, "burstTokens": 60},
-                    }
-                ]
-            },
             "models": [
                 model(
                     "tiny",
                     {"workers": [worker]},
+                    apiKeys=[key, "sk-other"],
+                    tenancy={
+                        "tenants": [
+                            {
+                                "name": "team-a",
+                                "keySha256": [hashlib.sha256(key.encode()).hexdigest()],
+                                "rate": {"tokensPerSecond": 1, "burstTokens": 60},
+                            }
+                        ]
+                    },
                     admission={"maxInFlight": 1, "maxQueue": 2},
                     scoring={
                         "predictive": {
