@@ -27,6 +27,13 @@ class TokenRate(SettingsModel):
     def capacity(self) -> float:
         return float(self.burst_tokens) if self.burst_tokens else 10.0 * self.tokens_per_second
 
+    def divided(self, n: int) -> TokenRate:
+        """One of n equal parts of the rate and of the bucket."""
+        return TokenRate(
+            tokens_per_second=self.tokens_per_second / n,
+            burst_tokens=max(1, round(self.capacity / n)),
+        )
+
 
 class TenantSpec(SettingsModel):
     """One named tenant: the keys that identify it, its weight and its optional token rate."""
@@ -65,3 +72,18 @@ class TenancyConfig(SettingsModel):
     """Token-rate limit of each tenant without its own `rate`; unset = none."""
     assumed_output_tokens: int = Field(256, ge=0, alias="assumedOutputTokens")
     """Output tokens charged to the bucket for a request that sets no `max_tokens`."""
+
+    def divided(self, n: int) -> TenancyConfig:
+        """The tenancy of one router process of n sharing a port: every token rate split n ways
+        (the kernel spreads connections evenly over the processes)."""
+        if n == 1:
+            return self
+        return self.model_copy(
+            update={
+                "default_rate": self.default_rate.divided(n) if self.default_rate else None,
+                "tenants": [
+                    t.model_copy(update={"rate": t.rate.divided(n) if t.rate else None})
+                    for t in self.tenants
+                ],
+            }
+        )

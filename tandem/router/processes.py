@@ -47,7 +47,7 @@ def split_limit(limit: int, processes: int) -> int:
 
 def worker_config(config: RouterConfig, port: int) -> RouterConfig:
     """The configuration of one worker of `config`: one process on the shared `port`, its share
-    of the admission limits, its admin endpoint on a private port (the supervisor serves the
+    of the admission limits and token rates, its admin endpoint on a private port (the supervisor serves the
     configured one)."""
     n = config.processes
     admission = config.admission
@@ -65,6 +65,7 @@ def worker_config(config: RouterConfig, port: int) -> RouterConfig:
                     ),
                 }
             ),
+            "tenancy": config.tenancy.divided(n),
             "trust": config.trust.model_copy(update={"admin_port": 0}),
         }
     )

@@ -107,6 +107,10 @@ def test_admission_limits_are_split_with_ceiling_division() -> None:
             "static": {"workers": [{"url": "http://127.0.0.1:1"}]},
             "trust": {"adminPort": 9901, "adminKeys": ["k"]},
             "admission": {"maxInFlight": 100, "maxQueue": 10, "maxQueuePerPriority": 5},
+            "tenancy": {
+                "defaultRate": {"tokensPerSecond": 300},
+                "tenants": [{"name": "a", "rate": {"tokensPerSecond": 30, "burstTokens": 90}}],
+            },
         }
     )
     worker = worker_config(config, 8123)
@@ -118,6 +122,13 @@ def test_admission_limits_are_split_with_ceiling_division() -> None:
         4,
         2,
     )
+    # Token rates too: the kernel spreads connections evenly over the processes.
+    rate = worker.tenancy.default_rate
+    assert rate is not None
+    assert (rate.tokens_per_second, rate.capacity) == (100, 1000)
+    own = worker.tenancy.tenants[0].rate
+    assert own is not None
+    assert (own.tokens_per_second, own.capacity) == (10, 30)
     # What the supervisor writes is what a worker reads back.
     assert RouterConfig.model_validate(json.loads(worker.model_dump_json(by_alias=True))) == worker
 
