@@ -202,6 +202,24 @@ def bind_router_config(
     return out
 
 
+def bind_gateway_config(
+    files: Mapping[str, str], args: Sequence[str], pod_ip: str, mounts: Mapping[str, str]
+) -> dict[str, str]:
+    """The gateway's mounted config with `host` set to the pod's IP and each model's key files
+    moved to where their Secret volumes are on this machine."""
+    out = dict(files)
+    for flag, value in itertools.pairwise(args):
+        if flag == "--config" and value in out:
+            config = yaml.safe_load(out[value]) or {}
+            config["host"] = pod_ip
+            for model in config.get("models") or []:
+                auth = model.get("auth") or {}
+                for key, path in auth.items():
+                    auth[key] = _map_mount_paths(path, mounts)
+            out[value] = yaml.safe_dump(config, sort_keys=False)
+    return out
+
+
 def plan_pod(
     pod: Pod,
     objects: ObjectDataReader,
@@ -227,6 +245,10 @@ def plan_pod(
         role = "router"
         fetches = any(c["name"] == FETCH_CONTAINER for c in pod["spec"].get("initContainers", []))
         files = bind_router_config(files, args, pod_ip, mounts, fetches)
+    elif command[:2] == ["tandem", "gateway"]:
+        argv = [*tandem, *command[1:], *args]
+        role = "gateway"
+        files = bind_gateway_config(files, args, pod_ip, mounts)
     elif command[:1] == ["tandem"]:
         argv = [*tandem, *command[1:], *_bind_pod_ip(args, pod_ip)]
         role = command[1] if len(command) > 1 else "tandem"

@@ -758,6 +758,16 @@ async def resync_forever(
 
 # --- registration ------------------------------------------------------------------------------
 
+
+def leave_gateway(kube: Kube, meta: Mapping[str, Any], gateway: str) -> None:
+    """A deleted member's shared gateway drops its model now, not at the others' next reconcile
+    (its owner reference goes with it; the last member's takes the gateway away)."""
+    try:
+        apply_gateway(kube, meta.get("namespace", ""), gateway, meta.get("name"))
+    except KubeError as exc:
+        log.warning("gateway %s not updated after a member left: %s", gateway, exc)
+
+
 _kube: Kube | None = None
 
 
@@ -801,6 +811,9 @@ def register(
         if event.get("type") == "DELETED":
             caches.clusters.drop(meta.get("namespace", ""), meta.get("name", ""))
             caches.children.forget((meta.get("namespace", ""), meta.get("name", "")))
+            gateway = (body.get("spec", {}).get("gateway") or {}).get("name")
+            if gateway:
+                await asyncio.to_thread(leave_gateway, client(), meta, gateway)
         else:
             caches.clusters.put({"apiVersion": API_VERSION, "kind": KIND, **body})
 
@@ -824,13 +837,6 @@ def register(
     @kopf.on.delete(GROUP, VERSION, PLURAL, optional=True, id="deleted", registry=registry)
     def deleted(body: kopf.Body, **_: Any) -> None:
         metrics.forget_cluster(body.metadata.namespace or "", body.metadata.name or "")
-        gateway = (body.spec.get("gateway") or {}).get("name")
-        if gateway:
-            # The other members' gateway drops this model now, not at their next reconcile.
-            try:
-                apply_gateway(client(), body.metadata.namespace or "", gateway, body.metadata.name)
-            except KubeError as exc:
-                log.warning("gateway %s not updated after a member left: %s", gateway, exc)
         kopf_event(body, type="Normal", reason="Deleting",
                    message="children are garbage-collected through their owner references; PVCs and Secrets are kept")  # fmt: skip
 
