@@ -20,6 +20,7 @@ FROM_ROUTER_SPEC = {
     "scoring": "scoring",
     "disaggregation": "disaggregation",
     "admission": "admission",
+    "tenancy": "tenancy",
     "timeouts": "timeouts",
     "metrics_scrape_interval_s": "metrics_scrape_interval_seconds",
     "tokenizer": "tokenizer",
@@ -83,6 +84,7 @@ OTHER_VALUES: dict[str, Any] = {
     "running_weight": 0.5,
     "forget": 0.9,
     "meet_probability": 0.75,
+    "interference_budget": 0.5,
     "min_priority": 5,
 }
 
