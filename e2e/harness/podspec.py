@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from tandem.operator.tokenizer import FETCH_CONTAINER
+from tandem.operator.tokenizer import FETCH_CONTAINER, TOKENIZER_DIR
 from tandem.router.fallback_tokenizer import FALLBACK_TOKENIZER
 
 Pod = Mapping[str, Any]
@@ -203,10 +203,15 @@ def bind_router_config(
 
 
 def bind_gateway_config(
-    files: Mapping[str, str], args: Sequence[str], pod_ip: str, mounts: Mapping[str, str]
+    files: Mapping[str, str],
+    args: Sequence[str],
+    pod_ip: str,
+    mounts: Mapping[str, str],
+    fetches_tokenizer: bool = False,
 ) -> dict[str, str]:
-    """The gateway's mounted config with `host` set to the pod's IP and each model's key files
-    moved to where their Secret volumes are on this machine."""
+    """The gateway's mounted config with `host` set to the pod's IP, each model's key files moved
+    to where their Secret volumes are on this machine, and a fetched tokenizer replaced by the
+    emulators' own tokenization (as `bind_router_config` does)."""
     out = dict(files)
     for flag, value in itertools.pairwise(args):
         if flag == "--config" and value in out:
@@ -216,6 +221,8 @@ def bind_gateway_config(
                 auth = model.get("auth") or {}
                 for key, path in auth.items():
                     auth[key] = _map_mount_paths(path, mounts)
+                if fetches_tokenizer and str(model.get("tokenizer", "")).startswith(TOKENIZER_DIR):
+                    model["tokenizer"] = FALLBACK_TOKENIZER
             out[value] = yaml.safe_dump(config, sort_keys=False)
     return out
 
@@ -248,7 +255,10 @@ def plan_pod(
     elif command[:2] == ["tandem", "gateway"]:
         argv = [*tandem, *command[1:], *args]
         role = "gateway"
-        files = bind_gateway_config(files, args, pod_ip, mounts)
+        fetches = any(
+            c["name"].endswith(FETCH_CONTAINER) for c in pod["spec"].get("initContainers", [])
+        )
+        files = bind_gateway_config(files, args, pod_ip, mounts, fetches)
     elif command[:1] == ["tandem"]:
         argv = [*tandem, *command[1:], *_bind_pod_ip(args, pod_ip)]
         role = command[1] if len(command) > 1 else "tandem"

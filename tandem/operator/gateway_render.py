@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from tandem.common.roles import LABEL_CLUSTER, LABEL_ROLE
@@ -31,6 +32,7 @@ from tandem.operator.render import (
     router_config,
     router_resources,
 )
+from tandem.operator.tokenizer import TOKENIZER_DIR, router_tokenizer, tokenizer_pod_parts
 from tandem.router.config import AuthConfig, GatewayConfig, TrustConfig
 
 LABEL_GATEWAY = "tandem.dev/gateway"
@@ -38,6 +40,8 @@ GATEWAY_CONFIG_KEY = "gateway.yaml"
 GATEWAY_CONTAINER = "gateway"
 # Each member's key Secrets, mounted whole (so rotations reach the running gateway).
 MEMBER_KEYS_DIR = "/var/run/tandem/clusters"
+# Each member's model volume, where its tokenizer (or chat template file) lies on it.
+MEMBER_MODELS_DIR = "/var/lib/tandem/models"
 
 
 def gateway_object_name(gateway: str) -> str:
@@ -105,13 +109,73 @@ def member_auth(sc: ServingCluster) -> AuthConfig:
     )
 
 
+@dataclass(frozen=True)
+class MemberTokenizer:
+    """A member's tokenizer in the gateway pod: as in its own router's pod (tokenizer.py), with
+    every path moved below a directory of the member's own and every volume and init container
+    named `m<index>-...`, so members never collide."""
+
+    path: str | None
+    chat_template: str | None
+    init_containers: list[dict[str, Any]]
+    volumes: list[dict[str, Any]]
+    mounts: list[dict[str, Any]]
+
+
+def _relocated(value: Any, old: str, new: str) -> Any:
+    """`value` with every string that is the path `old` or below it moved to `new`."""
+    if isinstance(value, str):
+        moved = old and (value == old or value.startswith(old + "/"))
+        return new + value[len(old) :] if moved else value
+    if isinstance(value, list):
+        return [_relocated(item, old, new) for item in value]
+    if isinstance(value, dict):
+        return {key: _relocated(item, old, new) for key, item in value.items()}
+    return value
+
+
+def member_tokenizer(index: int, sc: ServingCluster) -> MemberTokenizer:
+    source = router_tokenizer(sc)
+    inits, volumes, mounts = tokenizer_pod_parts(sc, container_security_context(ROUTER_UID, None))
+    old = new = ""
+    if source.kind == "hub":
+        old, new = TOKENIZER_DIR, f"{TOKENIZER_DIR}/{sc.name}"
+    elif source.kind == "volume" and sc.spec.model.cache is not None:
+        old, new = sc.spec.model.cache.mount_path.rstrip("/"), f"{MEMBER_MODELS_DIR}/{sc.name}"
+    prefix = f"m{index}-"
+
+    def renamed(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{**item, "name": prefix + item["name"]} for item in _relocated(items, old, new)]
+
+    containers = []
+    for init in inits:
+        container = _relocated(init, old, new)
+        container["name"] = prefix + container["name"]
+        container["volumeMounts"] = renamed(init.get("volumeMounts", []))
+        containers.append(container)
+    return MemberTokenizer(
+        _relocated(source.path, old, new),
+        _relocated(source.chat_template, old, new),
+        containers,
+        renamed(volumes),
+        renamed(mounts),
+    )
+
+
 def gateway_config(gateway: str, joined: list[ServingCluster]) -> GatewayConfig:
-    """One router config per member, discovering its engines as its own router does. A member's
-    tokenizer is its `router.tokenizer` (a path in the image); without one the gateway keys
-    that model's prefixes by the approximation (the member's own router fetches its tokenizer)."""
-    models = [
-        router_config(sc, tokenizer=None, chat_template=None, auth=member_auth(sc)) for sc in joined
-    ]
+    """One router config per member, discovering its engines and reading its tokenizer as its
+    own router does (`member_tokenizer`)."""
+    models = []
+    for index, sc in enumerate(joined):
+        tokenizer = member_tokenizer(index, sc)
+        models.append(
+            router_config(
+                sc,
+                tokenizer=tokenizer.path,
+                chat_template=tokenizer.chat_template,
+                auth=member_auth(sc),
+            )
+        )
     return GatewayConfig(
         trust=TrustConfig(admin_port=ROUTER_ADMIN_PORT),
         log_level=joined[0].spec.router.log_level,
@@ -129,6 +193,9 @@ def _volumes(name: str, joined: list[ServingCluster]) -> tuple[list[Any], list[A
         {"name": "tmp", "mountPath": "/tmp"},
     ]
     for index, sc in enumerate(joined):
+        tokenizer = member_tokenizer(index, sc)
+        volumes += tokenizer.volumes
+        mounts += tokenizer.mounts
         auth = sc.spec.router.auth
         secrets: list[tuple[str, str]] = []
         if auth.client_keys_secret:
@@ -163,6 +230,7 @@ def render_gateway(gateway: str, joined: list[ServingCluster]) -> list[dict[str,
     digest = hashlib.sha256(json.dumps(config_map["data"]).encode()).hexdigest()[:16]
     pull_secrets = sorted({s for sc in joined for s in sc.spec.image_pull_secrets})
     volumes, mounts = _volumes(name, joined)
+    inits = [c for i, sc in enumerate(joined) for c in member_tokenizer(i, sc).init_containers]
     router = first.spec.router
 
     def probe(path: str) -> dict[str, Any]:
@@ -208,6 +276,7 @@ def render_gateway(gateway: str, joined: list[ServingCluster]) -> list[dict[str,
                 "spec": {
                     "serviceAccountName": name,
                     "securityContext": pod_security_context(ROUTER_UID, None),
+                    **({"initContainers": inits} if inits else {}),
                     "containers": [container],
                     "volumes": volumes,
                     "terminationGracePeriodSeconds": 30,

@@ -167,3 +167,46 @@ def test_a_single_clusters_router_carries_its_tenancy() -> None:
     ]
     config = yaml.safe_load(config_map["data"]["router.yaml"])
     assert config["tenancy"]["defaultRate"]["tokensPerSecond"] == 5
+
+
+def test_each_members_tokenizer_reaches_the_gateway_pod_apart_from_the_others() -> None:
+    cache = {"pvc": "weights", "mountPath": "/models"}
+    hub_a, hub_b = member("alpha", "a"), member("beta", "b")
+    on_volume = member("gamma", "c")
+    on_volume = parse_manifest(
+        {
+            **on_volume.model_dump(by_alias=True, exclude_none=True, mode="json"),
+            "spec": {
+                **on_volume.spec.model_dump(by_alias=True, exclude_none=True, mode="json"),
+                "model": {"name": "/models/gamma", "servedName": "c", "cache": cache},
+            },
+        }
+    )
+    objects = render_gateway("shared", [hub_a, hub_b, on_volume])
+    (config_map,) = by_kind(objects, "ConfigMap")
+    config = GatewayConfig.model_validate(yaml.safe_load(config_map["data"][GATEWAY_CONFIG_KEY]))
+    tokenizers = [m.tokenizer for m in config.models]
+    assert tokenizers == [
+        "/var/lib/tandem/tokenizer/alpha",
+        "/var/lib/tandem/tokenizer/beta",
+        "/var/lib/tandem/models/gamma/gamma",
+    ]
+    (deployment,) = by_kind(objects, "Deployment")
+    spec = deployment["spec"]["template"]["spec"]
+    fetches = spec["initContainers"]
+    assert [c["name"] for c in fetches] == ["m0-fetch-tokenizer", "m1-fetch-tokenizer"]
+    for fetch, model in zip(fetches, ("alpha", "beta"), strict=True):
+        target = f"/var/lib/tandem/tokenizer/{model}"
+        assert fetch["args"][0] == f"org/{model[0]}"
+        assert fetch["args"][2] == target
+        assert [m["mountPath"] for m in fetch["volumeMounts"]] == [target]
+    (container,) = spec["containers"]
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert "emptyDir" in volumes[mounts["/var/lib/tandem/tokenizer/alpha"]]
+    assert volumes[mounts["/var/lib/tandem/models/gamma"]]["persistentVolumeClaim"] == {
+        "claimName": "weights",
+        "readOnly": True,
+    }
+    assert len(volumes) == len(spec["volumes"])  # no two members' volumes share a name
+    kubernetes_validate.validate(deployment, K8S_VERSION, strict=True)
