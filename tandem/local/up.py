@@ -26,8 +26,9 @@ from tandem.bench.runner import Target, run_target
 from tandem.common.ports import free_port
 from tandem.local.cluster import DEFAULT_PROFILE, LocalCluster, load_cluster, port_is_free
 from tandem.local.devices import DeviceError, probe_machine
+from tandem.local.gateway import gateway_groups, gateway_process
 from tandem.local.plan import LocalOptions, LocalPlan
-from tandem.local.supervisor import StartupError
+from tandem.local.supervisor import StartupError, Supervisor
 from tandem.operator.api import ManifestError, ServingCluster
 
 DEFAULT_ROUTER_PORT = 8000
@@ -166,6 +167,7 @@ class _Up:
     async def serve(self, clusters: Sequence[ServingCluster], labels: Sequence[str]) -> int:
         """Start every cluster, then wait for Ctrl-C / SIGTERM or a crashed process."""
         running: list[LocalCluster] = []
+        gateways: Supervisor | None = None
         try:
             for i, (sc, label) in enumerate(zip(clusters, labels, strict=True)):
                 local = self.cluster(sc, label, first=i == 0)
@@ -173,11 +175,13 @@ class _Up:
                 self.console.print(f"starting [bold]{label}[/] ({self.options.engine}) ...")
                 plan = await local.start()
                 describe(self.console, label, plan, local.run_dir)
+            gateways = await self.start_gateways(clusters, running)
             self.console.print(
                 f"[green]ready[/] — measure it with `tandem bench {running[0].plan.endpoint if running[0].plan else ''}`; "
                 "Ctrl-C stops everything"
             )
-            watchers = [asyncio.ensure_future(c.supervisor.first_exit()) for c in running]
+            supervisors = [c.supervisor for c in running] + ([gateways] if gateways else [])
+            watchers = [asyncio.ensure_future(s.first_exit()) for s in supervisors]
             try:
                 done, _ = await asyncio.wait(watchers, return_when=asyncio.FIRST_COMPLETED)
             finally:
@@ -190,8 +194,33 @@ class _Up:
             )
             return 1
         finally:
+            if gateways is not None:
+                await gateways.stop()
             for local in reversed(running):
                 await local.stop()
+
+    async def start_gateways(
+        self, clusters: Sequence[ServingCluster], running: Sequence[LocalCluster]
+    ) -> Supervisor | None:
+        """A `tandem gateway` per gateway name the clusters join, over their routers' configs."""
+        groups = gateway_groups(clusters)
+        if not groups:
+            return None
+        supervisor = Supervisor(running[0].run_dir / "logs")
+        for name, members in groups.items():
+            plans = [running[i].plan for i in members]
+            spec, config = gateway_process(
+                name,
+                [plan for plan in plans if plan is not None],
+                free_port(),
+                running[members[0]].run_dir,
+                self.options.python,
+                os.environ,
+            )
+            await supervisor.wait_healthy([await supervisor.start(spec)], 60.0)
+            served = ", ".join(m.served_model_name for m in config.models)
+            self.console.print(f"gateway [bold]{name}[/]: {spec.url} serves {served}")
+        return supervisor
 
     async def bench(
         self,

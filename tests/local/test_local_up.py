@@ -150,3 +150,47 @@ def test_up_with_bench_reports_writes_plots_and_stops(tmp_path: Path) -> None:
     ]
     marks = [str(tmp_path / "run").encode()] + [f"--port\0{p}\0".encode() for p in ports]
     assert not processes_with(marks), "tandem up left processes behind"
+
+
+def test_up_runs_the_gateway_of_clusters_that_join_one(tmp_path: Path) -> None:
+    base = yaml.safe_load((EXAMPLES / "llama-8b-colocated.yaml").read_text())
+    files = []
+    for served in ("alpha", "beta"):
+        manifest = yaml.safe_load(yaml.safe_dump(base))
+        manifest["metadata"]["name"] = served
+        manifest["spec"]["model"]["servedName"] = served
+        manifest["spec"]["gateway"] = {"name": "models"}
+        path = tmp_path / f"{served}.yaml"
+        path.write_text(yaml.safe_dump(manifest))
+        files.append(str(path))
+    command = [sys.executable, "-m", "tandem.cli", "up", *files, "--speedup", "20",
+               "--decode", "1", "--run-dir", str(tmp_path / "run")]  # fmt: skip
+    env = os.environ | {"COLUMNS": "200", "PYTHONUNBUFFERED": "1"}
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
+    children: set[int] = set()
+    try:
+        output = "".join(wait_for_line(process, "ready", 120))
+        line = next(line for line in output.splitlines() if "gateway models:" in line)
+        url = line.split()[2]
+        assert line.endswith("serves alpha, beta"), line
+        children = descendants(process.pid)
+        for model in ("alpha", "beta"):
+            body = {"model": model, "prompt": "hello", "max_tokens": 4}
+            response = httpx.post(f"{url}/v1/completions", json=body, timeout=30)
+            assert response.status_code == 200, response.text
+            assert response.json()["model"] == model
+        unknown = httpx.post(f"{url}/v1/completions", json={"model": "gamma", "prompt": "x"})
+        assert unknown.status_code == 404
+        assert unknown.json()["error"]["message"].endswith("Valid aliases: alpha, beta.")
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    deadline = time.monotonic() + 5
+    while any(alive(pid) for pid in children) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [pid for pid in children if alive(pid)], "tandem up left processes behind"
