@@ -171,7 +171,9 @@ def test_a_quiet_tenant_is_served_between_a_loud_tenants_burst(tmp_path: Path) -
         assert all(response.status_code == 200 for _, _, response in done)
         order = [tenant for _, tenant, _ in sorted(done, key=lambda d: d[0])]
         # First come first served would finish the quiet tenant's two last (places 9 and 10).
-        assert [i for i, tenant in enumerate(order) if tenant == "quiet"] <= [4, 5], order
+        places = [i for i, tenant in enumerate(order) if tenant == "quiet"]
+        assert len(places) == 2, order
+        assert max(places) <= 5, order
 
 
 def test_token_rate_limit_and_sheddable_band_answer_429_with_retry_after(tmp_path: Path) -> None:
