@@ -117,6 +117,7 @@ class PoolWindow:
     current: int  # ordered, not draining (a Deployment's spec.replicas)
     latency_quantile_s: float | None  # TTFT (prefill) / ITL (decode) at the quantile
     latency_mean_s: float | None  # prefill time per request (prefill) / ITL (decode)
+    queue_mean_s: float | None  # time before the first step (prefill)
     waiting: int
     running: int
     kv_usage: float | None
@@ -184,7 +185,8 @@ class Simulation:
         self._seq = 0
         self.pending: deque[Request] = deque()  # arrived while no prefill engine was ready
         # metrics records, time-ordered
-        self.prefill_done: list[tuple[float, float, float, int]] = []  # t, ttft, prefill, prompt
+        # t, ttft, prefill time, prompt tokens, queue time
+        self.prefill_done: list[tuple[float, float, float, int, float]] = []
         self.decode_steps: list[tuple[float, float, int]] = []  # t, duration, seqs
         self.decode_done: list[tuple[float, int]] = []  # t, output tokens
         self.sizes: list[tuple[float, int, int]] = []
@@ -283,7 +285,13 @@ class Simulation:
             engine.queue.remove(request)
             request.prefill_done = now
             self.prefill_done.append(
-                (now, now - request.arrival, now - request.prefill_start, request.prompt)
+                (
+                    now,
+                    now - request.arrival,
+                    now - request.prefill_start,
+                    request.prompt,
+                    request.prefill_start - request.arrival,
+                )
             )
             self._at(now + self.config.profile.transfer_seconds(request.prompt), self.XFER, request)
         self._prefill_step(engine, now)
@@ -393,14 +401,15 @@ class Simulation:
                     engines=len(serving),
                     ready=len(ready),
                     current=current,
-                    latency_quantile_s=_quantile([(ttft, 1) for _, ttft, _, _ in done], self.quantile),
-                    latency_mean_s=sum(p for _, _, p, _ in done) / len(done) if done else None,
+                    latency_quantile_s=_quantile([(d[1], 1) for d in done], self.quantile),
+                    latency_mean_s=sum(d[2] for d in done) / len(done) if done else None,
+                    queue_mean_s=sum(d[4] for d in done) / len(done) if done else None,
                     waiting=waiting,
                     running=running,
                     kv_usage=None,
                     request_rate=len(done) / w,
-                    tokens_per_s=sum(n for *_, n in done) / w,
-                    tokens_per_request=sum(n for *_, n in done) / len(done) if done else None,
+                    tokens_per_s=sum(d[3] for d in done) / w,
+                    tokens_per_request=sum(d[3] for d in done) / len(done) if done else None,
                 )
             else:
                 steps = self.decode_steps[bisect_left(self.decode_steps, (since,)) :]
@@ -413,6 +422,7 @@ class Simulation:
                     current=current,
                     latency_quantile_s=_quantile([(d, n) for _, d, n in steps], self.quantile),
                     latency_mean_s=sum(d * n for _, d, n in steps) / tokens if tokens else None,
+                    queue_mean_s=None,
                     waiting=sum(len(e.waiting) for e in serving),
                     running=sum(e.seqs for e in serving),
                     kv_usage=min(1.0, sum(kv) / len(kv)) if kv else None,

@@ -134,7 +134,11 @@ def planner(policy: PlannerPolicy) -> Policy:
             prompt_tokens_per_request=p.tokens_per_request,
             output_tokens_per_request=d.tokens_per_request,
             prefill=PoolLoad(
-                engines=p.engines, waiting=p.waiting, running=p.running, latency_s=p.latency_mean_s
+                engines=p.engines,
+                waiting=p.waiting,
+                running=p.running,
+                latency_s=p.latency_mean_s,
+                queue_s=p.queue_mean_s,
             ),
             decode=PoolLoad(
                 engines=d.engines, waiting=d.waiting, running=d.running, latency_s=d.latency_mean_s
@@ -231,6 +235,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--target-ttft", type=float, default=0.75, help="prefill pool target")
     parser.add_argument("--target-itl", type=float, default=0.05)
     parser.add_argument("--fixed-decode", default="1,2,3", help="decode sizes of the fixed grid")
+    parser.add_argument("--no-fixed", action="store_true", help="skip the fixed-split grid")
+    parser.add_argument(
+        "--planners",
+        default="0.8:1.28:0.3",
+        help="planner variants targetUtilization:forecastSigmas:alpha, comma-separated",
+    )
     args = parser.parse_args(argv)
 
     profile = load_profile(args.profile)
@@ -244,7 +254,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     targets = Targets(args.slo_ttft, args.slo_tpot, args.target_ttft, args.target_itl)
     spec = autoscaling_spec(args, targets)
-    planner_policy = PlannerPolicy(
+    seeded = PlannerPolicy(
         prefill_max=args.max_prefill,
         decode_max=args.max_decode,
         target_ttft_s=targets.prefill_ttft_target_s,
@@ -263,13 +273,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     rows: list[Row] = []
     started = time.monotonic()
-    for name, policy in (("planner", planner(planner_policy)), ("independent", independent(spec))):
+    variants = [tuple(float(x) for x in v.split(":")) for v in args.planners.split(",")]
+    policies = [
+        (
+            f"planner u={u:g} k={k:g} a={a:g}",
+            planner(
+                seeded.model_copy(
+                    update={"target_utilization": u, "forecast_sigmas": k, "alpha": a}
+                )
+            ),
+        )
+        for u, k, a in variants
+    ]
+    for name, policy in [*policies, ("independent", independent(spec))]:
         result = Simulation(config, _fresh(requests), {"prefill": 1, "decode": 1}, policy).run()
         rows.append(Row(name, result, targets, args.day_s))
         print(f"  {name}: {time.monotonic() - started:.0f} s", flush=True)
     fixed: list[Row] = []
     peak = max(max(s[1] for s in r.result.sizes) for r in rows)
-    for d in (int(x) for x in args.fixed_decode.split(",")):
+    for d in () if args.no_fixed else (int(x) for x in args.fixed_decode.split(",")):
         for p in range(1, peak + 3):
             result = Simulation(config, _fresh(requests), {"prefill": p, "decode": d}, None).run()
             fixed.append(Row(f"fixed {p}P:{d}D", result, targets, args.day_s))
@@ -286,9 +308,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         cheapest = min(matching, key=lambda r: r.result.gpu_seconds)
         table.append(cheapest.cells())
         table[-1][0] = f"cheapest fixed at >= planner SLO: {cheapest.name}"
-    best_any = max(fixed, key=lambda r: (r.attainment, -r.result.gpu_seconds))
-    table.append(best_any.cells())
-    table[-1][0] = f"best fixed overall: {best_any.name}"
+    if fixed:
+        best_any = max(fixed, key=lambda r: (r.attainment, -r.result.gpu_seconds))
+        table.append(best_any.cells())
+        table[-1][0] = f"best fixed overall: {best_any.name}"
     print(markdown(table))
     return 0
 

@@ -71,22 +71,37 @@ def prefill_steps_per_prompt(prompt_tokens: float, max_batched_tokens: int) -> f
     return 1 + prompt_tokens / max_batched_tokens
 
 
-def prefill_utilization_at_ttft(service_s: float, step_s: float, target_ttft_s: float) -> float:
+def prefill_wait_s(utilization: float, step_s: float, variability: float) -> float:
+    """Mean queueing before a prompt's first step (Kingman's G/D/1 approximation):
+    W = variability * rho / (1 - rho) * step / 2, where variability is the squared coefficient
+    of variation of the arrivals (1 for Poisson; a bursty trace has far more)."""
+    rho = min(max(utilization, 0.0), 0.999)
+    return variability * rho / (1 - rho) * step_s / 2
+
+
+def prefill_utilization_at_ttft(
+    service_s: float, step_s: float, target_ttft_s: float, variability: float, tail: float
+) -> float:
     """The highest utilisation rho at which a prefill engine keeps TTFT under its target.
 
-    An engine serving full steps of `step_s` is an M/D/1 queue: TTFT = service + rho * step /
-    (2 (1 - rho)), with `service_s` the steps one prompt needs. Solving TTFT = target:
-    rho = 2 s / (2 s + step) with slack s = target - service; 0 when even an empty engine misses
-    the target.
+    TTFT = service + tail * W (a quantile of a roughly exponential wait is `tail` times its mean:
+    ln(1 / (1 - q)), 2.3 for p90), with W from prefill_wait_s. Solving TTFT = target:
+    rho = 2 s / (2 s + tail * variability * step), slack s = target - service; 0 when even an
+    empty engine misses the target.
     """
     slack = target_ttft_s - service_s
     if slack <= 0:
         return 0.0
-    return 2 * slack / (2 * slack + step_s)
+    return 2 * slack / (2 * slack + tail * variability * step_s)
 
 
 def prefill_capacity(
-    cost: StepCost, prompt_tokens: float, max_batched_tokens: int, target_ttft_s: float
+    cost: StepCost,
+    prompt_tokens: float,
+    max_batched_tokens: int,
+    target_ttft_s: float,
+    variability: float = 1.0,
+    tail: float = 2.303,
 ) -> tuple[float, float]:
     """(tokens/s of one saturated prefill engine, utilisation rho it may run at for the TTFT target).
 
@@ -97,7 +112,8 @@ def prefill_capacity(
     length = max(prompt_tokens, 1.0)
     step = prefill_step_s(cost, max_batched_tokens, length)
     service = prefill_steps_per_prompt(length, max_batched_tokens) * step
-    return max_batched_tokens / step, prefill_utilization_at_ttft(service, step, target_ttft_s)
+    rho = prefill_utilization_at_ttft(service, step, target_ttft_s, variability, tail)
+    return max_batched_tokens / step, rho
 
 
 def decode_step_s(cost: StepCost, seqs: float, context_tokens: float) -> float:

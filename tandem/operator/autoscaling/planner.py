@@ -15,7 +15,9 @@ ctx = L + O / 2 the mean context of a decoding sequence:
 3. Capacity per engine (tandem.common.capacity), from the seeded step cost times the learned
    slowdown s of the pool:
      prefill: C_p = b / t_p(b, Lu) tokens/s at full steps of b = max_num_batched_tokens, usable at
-              utilisation u_p = min(target_utilization, rho_TTFT) (M/D/1 at the TTFT target);
+              utilisation u_p = min(target_utilization, rho_TTFT), rho_TTFT the utilisation at
+              which service + ln(1 / (1 - quantile)) * Kingman's mean wait
+              (variability * rho / (1 - rho) * t_p / 2) meets the TTFT target;
      decode:  C_d = B / t_d(B, ctx) tokens/s with B = min(B_ITL, kv_tokens * max_kv_usage / ctx,
               max_num_seqs), usable at u_d = target_utilization.
 4. Replicas: raw = demand / (C * u). Above the current n: ceil(raw) at once, whole (no step
@@ -31,6 +33,13 @@ ctx = L + O / 2 the mean context of a decoding sequence:
               half its target.
    Only there: the model must be right where it sets capacity, and a lightly loaded engine's
    latency says little about its saturated throughput.
+   The arrivals' variability (Kingman's c_a^2, 1 for Poisson) is learned the same way from the
+   prefill pool's measured mean queue time Wq at its observed utilisation
+   rho = P / (prefill engines * C_p), while 0.1 <= rho <= 0.95 and no backlog stands (at most
+   one waiting request per engine: a backlog's queue time measures the backlog, not the
+   arrivals):
+     c_a^2 <- (1 - eta) c_a^2 + eta * Wq / (rho / (1 - rho) * t_p / 2), clamped to [0.25, 25].
+   A bursty load thus buys itself headroom measured in its own queueing, not guessed.
 6. No metrics: both pools hold their size (MetricsUnavailable); the forecast and the windows
    start again, the learned slowdowns are kept.
 """
@@ -49,6 +58,7 @@ from tandem.common.capacity import (
     prefill_capacity,
     prefill_step_s,
     prefill_steps_per_prompt,
+    prefill_wait_s,
 )
 from tandem.common.roles import Role
 from tandem.operator.autoscaling.decision import Decision, Limit, Reason, ScalingMemory
@@ -56,6 +66,9 @@ from tandem.operator.autoscaling.forecast import Holt
 from tandem.operator.autoscaling.planner_signals import PlannerSignals, PoolLoad
 
 SLOWDOWN_BOUNDS = (0.25, 4.0)
+VARIABILITY_BOUNDS = (0.25, 25.0)
+# Utilisations between which a measured queue says something about the arrivals' variability.
+VARIABILITY_RHO = (0.1, 0.95)
 
 
 class PlannerPolicy(BaseModel):
@@ -70,13 +83,14 @@ class PlannerPolicy(BaseModel):
     target_ttft_s: float = Field(0.8, gt=0)
     target_itl_s: float = Field(0.05, gt=0)
     max_kv_usage: float = Field(0.85, gt=0, le=1)
+    quantile: float = Field(0.9, gt=0, lt=1)
     target_utilization: float = Field(0.8, gt=0, le=1)
     step: StepCost = StepCost()
     kv_tokens: int = Field(H200_LLAMA_8B_KV_TOKENS, ge=1)
     max_num_batched_tokens: int = Field(8192, ge=1)
     max_num_seqs: int = Field(256, ge=1)
     horizon_s: float = Field(60.0, ge=0)
-    alpha: float = Field(0.5, gt=0, le=1)
+    alpha: float = Field(0.3, gt=0, le=1)
     beta: float = Field(0.3, ge=0, le=1)
     learning_rate: float = Field(0.2, ge=0, le=1)
     forecast_sigmas: float = Field(1.28, ge=0)
@@ -104,6 +118,7 @@ class PlannerMemory(BaseModel):
     decode_demand: Holt = Holt()
     prefill_slowdown: float = 1.0
     decode_slowdown: float = 1.0
+    arrival_variability: float = 1.0
     prompt_tokens: float | None = None  # last known mean prompt tokens per request
     output_tokens: float | None = None
     pools: dict[Role, ScalingMemory] = Field(default_factory=dict)
@@ -132,17 +147,25 @@ class Plan(BaseModel):
     prompt_tokens: float = 0.0
     output_tokens: float = 0.0
     prefix_hit_rate: float = 0.0
+    arrival_variability: float = 1.0
 
 
 def _ceil(value: float) -> int:
     return math.ceil(round(value, 6))
 
 
-def _learn(slowdown: float, measured: float | None, predicted: float, rate: float) -> float:
+def _learn(
+    value: float,
+    measured: float | None,
+    predicted: float,
+    rate: float,
+    bounds: tuple[float, float] = SLOWDOWN_BOUNDS,
+) -> float:
+    """value <- (1 - rate) value + rate * measured / predicted, within bounds."""
     if measured is None or predicted <= 0:
-        return slowdown
-    learned = (1 - rate) * slowdown + rate * measured / predicted
-    return min(max(learned, SLOWDOWN_BOUNDS[0]), SLOWDOWN_BOUNDS[1])
+        return value
+    learned = (1 - rate) * value + rate * measured / predicted
+    return min(max(learned, bounds[0]), bounds[1])
 
 
 def _per_engine(load: PoolLoad) -> float:
@@ -168,6 +191,7 @@ def _hold(
     kept = PlannerMemory(
         prefill_slowdown=memory.prefill_slowdown,
         decode_slowdown=memory.decode_slowdown,
+        arrival_variability=memory.arrival_variability,
         prompt_tokens=memory.prompt_tokens,
         output_tokens=memory.output_tokens,
     )
@@ -287,9 +311,29 @@ def plan(
         "decode": signals.decode.waiting * output / policy.backlog_drain_s,
     }
 
+    # Rule 5, the arrivals' variability, at the observed utilisation.
+    variability = memory.arrival_variability
+    prefill_cost = policy.step.scaled(prefill_slowdown)
+    capacity_p, _ = prefill_capacity(prefill_cost, uncached, budget, policy.target_ttft_s)
+    observed_rho = samples["prefill"] / (signals.prefill.engines * capacity_p)
+    backlog_free = signals.prefill.waiting <= signals.prefill.engines
+    if backlog_free and VARIABILITY_RHO[0] <= observed_rho <= VARIABILITY_RHO[1]:
+        variability = _learn(
+            variability,
+            signals.prefill.queue_s,
+            prefill_wait_s(observed_rho, prefill_step_s(prefill_cost, budget, uncached), 1.0),
+            policy.learning_rate,
+            VARIABILITY_BOUNDS,
+        )
+
     # Rule 3.
     capacity_p, rho = prefill_capacity(
-        policy.step.scaled(prefill_slowdown), uncached, budget, policy.target_ttft_s
+        prefill_cost,
+        uncached,
+        budget,
+        policy.target_ttft_s,
+        variability,
+        math.log(1 / (1 - policy.quantile)),
     )
     capacity_d, _ = decode_capacity(
         policy.step.scaled(decode_slowdown),
@@ -309,8 +353,7 @@ def plan(
     states = dict(memory.pools)
     for pool, n in current.items():
         capacity, utilization, slowdown = capacities[pool]
-        upper = holts[pool].upper(policy.horizon_s, policy.forecast_sigmas)
-        forecast = max(samples[pool], upper) + backlog[pool]
+        forecast = holts[pool].upper(policy.horizon_s, policy.forecast_sigmas) + backlog[pool]
         raw = forecast / (capacity * utilization)
         unit = "uncached prompt" if pool == "prefill" else "output"
         why = (
@@ -333,6 +376,7 @@ def plan(
         decode_demand=holts["decode"],
         prefill_slowdown=prefill_slowdown,
         decode_slowdown=decode_slowdown,
+        arrival_variability=variability,
         prompt_tokens=prompt,
         output_tokens=output,
         pools=states,
@@ -343,5 +387,6 @@ def plan(
         prompt_tokens=prompt,
         output_tokens=output,
         prefix_hit_rate=hit,
+        arrival_variability=variability,
     )
     return result, new_memory

@@ -10,7 +10,8 @@ class PoolLoad(BaseModel):
 
     `latency_s` is the pool's mean per-step latency over the window: for prefill the mean
     prefill time of a request (`vllm:request_prefill_time_seconds`), for decode the mean
-    inter-token latency; None when no request finished in the window.
+    inter-token latency; `queue_s` the mean time a request waited before its first step
+    (`vllm:request_queue_time_seconds`); None when no request finished in the window.
     """
 
     model_config = ConfigDict(frozen=True, allow_inf_nan=False)
@@ -19,6 +20,7 @@ class PoolLoad(BaseModel):
     waiting: float = Field(0.0, ge=0)
     running: float = Field(0.0, ge=0)
     latency_s: float | None = Field(None, ge=0)
+    queue_s: float | None = Field(None, ge=0)
 
 
 class PlannerSignals(BaseModel):
