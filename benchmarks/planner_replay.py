@@ -27,21 +27,21 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from pd_sim import Policy, PoolWindow, Request, Result, Role, SimConfig, Simulation  # noqa: E402
+from pd_sim import Policy, PoolWindow, Request, Result, Role, SimConfig, Simulation
 
-from tandem.bench.traces import TraceRow, read_trace  # noqa: E402
-from tandem.common.capacity import StepCost  # noqa: E402
-from tandem.emulator.profile import load_profile  # noqa: E402
-from tandem.operator.api import AutoscalingSpec  # noqa: E402
-from tandem.operator.autoscaling.decision import ScalingMemory, decide  # noqa: E402
-from tandem.operator.autoscaling.planner import (  # noqa: E402
+from tandem.bench.traces import TraceRow, read_trace
+from tandem.common.capacity import StepCost
+from tandem.emulator.profile import load_profile
+from tandem.operator.api import AutoscalingSpec
+from tandem.operator.autoscaling.decision import ScalingMemory, decide
+from tandem.operator.autoscaling.planner import (
     PlannerMemory,
     PlannerPolicy,
     plan,
 )
-from tandem.operator.autoscaling.planner_signals import PlannerSignals, PoolLoad  # noqa: E402
-from tandem.operator.autoscaling.policy import pool_policies  # noqa: E402
-from tandem.operator.autoscaling.signals import PoolSignals  # noqa: E402
+from tandem.operator.autoscaling.planner_signals import PlannerSignals, PoolLoad
+from tandem.operator.autoscaling.policy import pool_policies
+from tandem.operator.autoscaling.signals import PoolSignals
 
 
 def day_shape(hour: np.ndarray, trough: float) -> np.ndarray:
@@ -259,7 +259,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         decode_max=args.max_decode,
         target_ttft_s=targets.prefill_ttft_target_s,
         target_itl_s=targets.itl_target_s,
-        step=StepCost.model_validate(profile.step.model_dump(include=set(StepCost.model_fields))),
+        step=StepCost.model_validate(profile.step.model_dump()),
         kv_tokens=config.kv_tokens,
         horizon_s=args.startup + args.interval,
         tolerance=spec.tolerance,

@@ -8,6 +8,8 @@ equal).
 
 from __future__ import annotations
 
+import math
+
 from pydantic import ConfigDict, Field
 
 from tandem.common.settings import SettingsModel
@@ -19,6 +21,7 @@ class StepCost(SettingsModel):
     t = base_s + per_token_s * scheduled tokens
         + per_attention_pair_s * sum over prefill chunks of chunk_len * (cached_ctx + chunk_len / 2)
         + per_decode_seq_s * decode seqs + per_context_token_s * context tokens of decode seqs
+        + per_prefill_token_s * prefill chunk tokens + per_prefill_seq_s * prefill chunks
     """
 
     model_config = ConfigDict(frozen=True)
@@ -33,6 +36,10 @@ class StepCost(SettingsModel):
     """Cost of each decoding sequence."""
     per_context_token_s: float = Field(2.769e-08, ge=0, alias="perContextTokenSeconds")
     """Cost of each context token a decoding sequence reads."""
+    per_prefill_token_s: float = Field(0.0, ge=0, alias="perPrefillTokenSeconds")
+    """Extra cost of each prompt token (on top of perTokenSeconds)."""
+    per_prefill_seq_s: float = Field(0.0, ge=0, alias="perPrefillSeqSeconds")
+    """Cost of each prompt chunk in the step."""
 
     def scaled(self, factor: float) -> StepCost:
         """Every coefficient times `factor` (a measured engine `factor` times slower than seeded)."""
@@ -42,6 +49,8 @@ class StepCost(SettingsModel):
             per_attention_pair_s=self.per_attention_pair_s * factor,
             per_decode_seq_s=self.per_decode_seq_s * factor,
             per_context_token_s=self.per_context_token_s * factor,
+            per_prefill_token_s=self.per_prefill_token_s * factor,
+            per_prefill_seq_s=self.per_prefill_seq_s * factor,
         )
 
 
@@ -54,14 +63,16 @@ H200_LLAMA_8B_KV_TOKENS = 51000 * 16
 def prefill_step_s(cost: StepCost, batch_tokens: float, prompt_tokens: float) -> float:
     """One prefill step of `batch_tokens` tokens from prompts of `prompt_tokens` uncached tokens:
 
-    t = base_s + per_token_s * b + per_attention_pair_s * b * L / 2
+    t = base_s + (per_token_s + per_prefill_token_s) * b + per_attention_pair_s * b * L / 2
+        + per_prefill_seq_s * max(1, b / L)
     (b / L whole prompts of L tokens each attend over L^2 / 2 pairs; a prompt chunked over several
     steps has the same pairs in total).
     """
     return (
         cost.base_s
-        + cost.per_token_s * batch_tokens
+        + (cost.per_token_s + cost.per_prefill_token_s) * batch_tokens
         + cost.per_attention_pair_s * batch_tokens * prompt_tokens / 2
+        + cost.per_prefill_seq_s * max(1.0, batch_tokens / max(prompt_tokens, 1.0))
     )
 
 
@@ -101,7 +112,7 @@ def prefill_capacity(
     max_batched_tokens: int,
     target_ttft_s: float,
     variability: float = 1.0,
-    tail: float = 2.303,
+    tail: float = math.log(10),
 ) -> tuple[float, float]:
     """(tokens/s of one saturated prefill engine, utilisation rho it may run at for the TTFT target).
 

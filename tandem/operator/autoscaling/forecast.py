@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from pydantic import BaseModel, ConfigDict
 
 
@@ -50,4 +52,4 @@ class Holt(BaseModel):
 
     def upper(self, horizon_s: float, sigmas: float) -> float:
         """forecast(horizon) + sigmas * the standard deviation of the one-step errors."""
-        return self.forecast(horizon_s) + sigmas * self.variance**0.5
+        return self.forecast(horizon_s) + sigmas * math.sqrt(self.variance)

@@ -209,10 +209,8 @@ def _settle(
 ) -> tuple[Decision, ScalingMemory]:
     """Rule 4: round, clamp, grow at once, shrink after the stabilization window."""
     low, high = policy.bounds(pool)
-    if raw > current:
-        wanted = _ceil(raw)
-    else:
-        wanted = min(current, _ceil(raw / (1 - policy.tolerance)))
+    grow = raw > current
+    wanted = _ceil(raw) if grow else min(current, _ceil(raw / (1 - policy.tolerance)))
     limit: Limit | None = None
     recommendation = wanted
     if wanted > high:
@@ -344,7 +342,11 @@ def plan(
     )
     capacities: dict[Role, tuple[float, float, float]] = {
         # An unreachable TTFT target (rho 0) plans at the target utilisation: best effort.
-        "prefill": (capacity_p, min(rho or policy.target_utilization, policy.target_utilization), prefill_slowdown),
+        "prefill": (
+            capacity_p,
+            min(rho or policy.target_utilization, policy.target_utilization),
+            prefill_slowdown,
+        ),
         "decode": (capacity_d, policy.target_utilization, decode_slowdown),
     }
 

@@ -9,9 +9,9 @@ from typing import Any
 from tandem.common.roles import Role
 from tandem.operator.api import AutoscalingSpec, PoolSpec
 from tandem.operator.autoscaling.planner import Plan, PlannerMemory, PlannerPolicy, plan
-from tandem.operator.autoscaling.prometheus import PrometheusClient, PrometheusUnavailable
 from tandem.operator.autoscaling.planner_queries import read_planner_signals
 from tandem.operator.autoscaling.planner_signals import PlannerSignals
+from tandem.operator.autoscaling.prometheus import PrometheusClient, PrometheusUnavailable
 from tandem.operator.autoscaling.queries import PoolSelector
 
 # vLLM's --max-num-seqs when a pool does not set it.

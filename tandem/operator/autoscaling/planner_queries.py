@@ -7,9 +7,9 @@ import asyncio
 from pydantic import ValidationError
 
 from tandem.common.roles import Role
+from tandem.operator.autoscaling.planner_signals import PlannerSignals, PoolLoad
 from tandem.operator.autoscaling.prometheus import PrometheusClient, PrometheusUnavailable
 from tandem.operator.autoscaling.queries import PoolSelector, _duration, series
-from tandem.operator.autoscaling.planner_signals import PlannerSignals, PoolLoad
 
 # Each pool's mean latency: a prefill request's prefill time, a decode token's inter-token gap.
 MEAN_LATENCY: dict[Role, str] = {
@@ -27,9 +27,7 @@ def _ratio(numerator: str, denominator: str, selector: PoolSelector, window: str
     return f"{_rate(numerator, selector, window)} / {_rate(denominator, selector, window)}"
 
 
-def planner_queries(
-    prefill: PoolSelector, decode: PoolSelector, window_s: float
-) -> dict[str, str]:
+def planner_queries(prefill: PoolSelector, decode: PoolSelector, window_s: float) -> dict[str, str]:
     """One PromQL expression per planner input; `sel` is a pool's selector, w the window:
 
     - prompt_tokens_per_s:       sum(rate(vllm:prompt_tokens_total{prefill}[w]))
