@@ -6,8 +6,10 @@ autoscaler and every fixed P:D split, on the emulator's H200 timing profile (ben
 The trace's requests (prompt and output tokens, in their order and with their local burstiness)
 are tiled until the day holds `peak-rps * mean(shape) * day-s` of them, and their arrival times
 are warped so that the rate follows the day curve shape(hour) = trough + (1 - trough) *
-sin^2(pi * (hour - 3) / 24) (lowest at 03:00, highest at 15:00), the whole day compressed into
-`day-s` seconds. Every evaluation calls the real decision functions: `decide` of
+sin^2(pi * (hour - peak + 12) / 24) (highest at `peak`, 15:00 by default, lowest 12 hours
+away), the whole day compressed into `day-s` seconds. `--also` mixes in a second trace on its
+own curve (say conversations peaking at 21:00), so that the traffic mix, not only its volume,
+changes over the day. Every evaluation calls the real decision functions: `decide` of
 tandem/operator/autoscaling/decision.py per pool, and `plan` of planner.py, on the metrics the
 simulation produces, with the same targets.
 """
@@ -44,16 +46,20 @@ from tandem.operator.autoscaling.policy import pool_policies
 from tandem.operator.autoscaling.signals import PoolSignals
 
 
-def day_shape(hour: np.ndarray, trough: float) -> np.ndarray:
-    return trough + (1 - trough) * np.sin(np.pi * (hour - 3) / 24) ** 2
+def day_shape(hour: np.ndarray, trough: float, peak_hour: float = 15.0) -> np.ndarray:
+    return trough + (1 - trough) * np.sin(np.pi * (hour - peak_hour + 12) / 24) ** 2
 
 
 def day_requests(
-    rows: Sequence[TraceRow], day_s: float, peak_rps: float, trough: float
+    rows: Sequence[TraceRow],
+    day_s: float,
+    peak_rps: float,
+    trough: float,
+    peak_hour: float = 15.0,
 ) -> list[Request]:
     """The trace tiled and time-warped onto the day curve (see the module docstring)."""
     grid = np.linspace(0.0, day_s, 20001)
-    rate = day_shape(grid / day_s * 24, trough)
+    rate = day_shape(grid / day_s * 24, trough, peak_hour)
     cumulative = np.concatenate([[0.0], np.cumsum((rate[1:] + rate[:-1]) / 2 * np.diff(grid))])
     count = round(peak_rps * cumulative[-1])
     span = rows[-1].at_s + (rows[-1].at_s / max(len(rows) - 1, 1))
@@ -234,6 +240,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--slo-tpot", type=float, default=0.05)
     parser.add_argument("--target-ttft", type=float, default=0.75, help="prefill pool target")
     parser.add_argument("--target-itl", type=float, default=0.05)
+    parser.add_argument(
+        "--also",
+        type=Path,
+        help="a second trace mixed in on its own day curve (e.g. conversations in the evening)",
+    )
+    parser.add_argument("--also-peak-rps", type=float, default=5.0)
+    parser.add_argument("--also-peak-hour", type=float, default=21.0)
     parser.add_argument("--fixed-decode", default="1,2,3", help="decode sizes of the fixed grid")
     parser.add_argument("--no-fixed", action="store_true", help="skip the fixed-split grid")
     parser.add_argument(
@@ -245,6 +258,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     profile = load_profile(args.profile)
     requests = day_requests(read_trace(args.trace), args.day_s, args.peak_rps, args.trough)
+    if args.also is not None:
+        requests += day_requests(
+            read_trace(args.also), args.day_s, args.also_peak_rps, args.trough, args.also_peak_hour
+        )
+        requests.sort(key=lambda r: r.arrival)
     config = SimConfig(
         profile=profile,
         startup_s=args.startup,

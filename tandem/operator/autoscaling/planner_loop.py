@@ -40,6 +40,7 @@ def planner_policy(
         target_ttft_s=autoscaling.prefill.target_ttft_seconds or PlannerPolicy().target_ttft_s,
         target_itl_s=autoscaling.decode.target_itl_seconds or PlannerPolicy().target_itl_s,
         max_kv_usage=autoscaling.decode.max_kv_usage or 1.0,
+        quantile=autoscaling.quantile,
         target_utilization=planner.target_utilization,
         step=planner.step,
         kv_tokens=planner.kv_cache_tokens,
