@@ -250,6 +250,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--fixed-decode", default="1,2,3", help="decode sizes of the fixed grid")
     parser.add_argument("--no-fixed", action="store_true", help="skip the fixed-split grid")
     parser.add_argument(
+        "--start", default="1:1", help="prefill:decode pods the autoscalers start the day with"
+    )
+    parser.add_argument(
         "--planners",
         default="0.8:1.28:0.3",
         help="planner variants targetUtilization:forecastSigmas:alpha, comma-separated",
@@ -304,7 +307,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         for u, k, a in variants
     ]
     for name, policy in [*policies, ("independent", independent(spec))]:
-        result = Simulation(config, _fresh(requests), {"prefill": 1, "decode": 1}, policy).run()
+        start_p, start_d = (int(n) for n in args.start.split(":"))
+        initial: dict[Role, int] = {"prefill": start_p, "decode": start_d}
+        result = Simulation(config, _fresh(requests), initial, policy).run()
         rows.append(Row(name, result, targets, args.day_s))
         print(f"  {name}: {time.monotonic() - started:.0f} s", flush=True)
     fixed: list[Row] = []
