@@ -275,3 +275,18 @@ def test_policy_from_the_spec() -> None:
         4096,
         64,
     )
+
+
+def test_kv_bound_decode_takes_its_headroom_from_max_kv_usage_alone() -> None:
+    """Long contexts fill the KV cache before the ITL target binds: maxKVUsage is the margin,
+    and targetUtilization is not applied on top of it."""
+    result, _ = plan(
+        POLICY,
+        signals(10_000, 1000, prompt=12_000, output=400),
+        {"prefill": 1, "decode": 1},
+        PlannerMemory(),
+        0,
+    )
+    assert result.pools["decode"].utilization == 1.0
+    short, _ = plan(POLICY, signals(10_000, 1000), {"prefill": 1, "decode": 1}, PlannerMemory(), 0)
+    assert short.pools["decode"].utilization == POLICY.target_utilization

@@ -19,7 +19,8 @@ ctx = L + O / 2 the mean context of a decoding sequence:
               which service + ln(1 / (1 - quantile)) * Kingman's mean wait
               (variability * rho / (1 - rho) * t_p / 2) meets the TTFT target;
      decode:  C_d = B / t_d(B, ctx) tokens/s with B = min(B_ITL, kv_tokens * max_kv_usage / ctx,
-              max_num_seqs), usable at u_d = target_utilization.
+              max_num_seqs), usable at u_d = target_utilization, or at 1 when the KV cache
+              bounds B (max_kv_usage is then the headroom already; both would count it twice).
 4. Replicas: raw = demand / (C * u). Above the current n: ceil(raw) at once, whole (no step
    limit: the size comes from capacity, not from a latency breach). Below n: min(n,
    ceil(raw / (1 - tolerance))), which is then held for scale_down_stabilization_s (the highest
@@ -333,13 +334,15 @@ def plan(
         variability,
         math.log(1 / (1 - policy.quantile)),
     )
-    capacity_d, _ = decode_capacity(
+    usable_kv = policy.kv_tokens * policy.max_kv_usage
+    capacity_d, batch_d = decode_capacity(
         policy.step.scaled(decode_slowdown),
         context,
         policy.target_itl_s,
-        policy.kv_tokens * policy.max_kv_usage,
+        usable_kv,
         policy.max_num_seqs,
     )
+    kv_bound = batch_d >= usable_kv / context * (1 - 1e-9)
     capacities: dict[Role, tuple[float, float, float]] = {
         # An unreachable TTFT target (rho 0) plans at the target utilisation: best effort.
         "prefill": (
@@ -347,7 +350,7 @@ def plan(
             min(rho or policy.target_utilization, policy.target_utilization),
             prefill_slowdown,
         ),
-        "decode": (capacity_d, policy.target_utilization, decode_slowdown),
+        "decode": (capacity_d, 1.0 if kv_bound else policy.target_utilization, decode_slowdown),
     }
 
     decisions: dict[Role, Decision] = {}
