@@ -20,6 +20,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from tandem import __version__
+from tandem.common.capacity import H200_LLAMA_8B_KV_TOKENS, StepCost
 from tandem.common.roles import Role
 from tandem.common.routing import (
     AdmissionConfig,
@@ -493,6 +494,23 @@ class DecodeAutoscaling(_Model):
     cel_rules = (_MIN_LE_MAX,)
 
 
+class PlannerSpec(_Model):
+    """The P:D planner's model of an engine and its forecast (read when autoscaling.mode is planner)."""
+
+    target_utilization: float = Field(0.8, gt=0, le=1, alias="targetUtilization")
+    """Share of an engine's capacity the planner fills at most; the rest is headroom for bursts.
+    Prefill also stays under the utilisation at which its TTFT target holds."""
+    startup_seconds: float = Field(60, ge=0, alias="startupSeconds")
+    """How long a new engine pod takes to serve; the forecast looks this far plus one interval ahead."""
+    forecast_sigmas: float = Field(1.28, ge=0, alias="forecastSigmas")
+    """Headroom above the forecast, in standard deviations of its recent errors (1.28: about 90 %)."""
+    step: StepCost = Field(default_factory=StepCost)
+    """Seed of one engine step's duration (defaults: the emulator's H200 Llama-3.1-8B profile);
+    the planner corrects it from the engines' measured latencies."""
+    kv_cache_tokens: int = Field(H200_LLAMA_8B_KV_TOKENS, ge=1, alias="kvCacheTokens")
+    """KV-cache tokens of one decode engine (vLLM logs it at start as "GPU KV cache size")."""
+
+
 class AutoscalingSpec(_Model):
     """Prometheus-driven sizing of the two pools, each on its own signal."""
 
@@ -526,6 +544,11 @@ class AutoscalingSpec(_Model):
     """One step grows a pool of n to at most max(ceil(n x factor), n + scaleUpMaxPods)."""
     scale_up_max_pods: int = Field(4, ge=1, alias="scaleUpMaxPods")
     """See scaleUpMaxFactor."""
+    mode: Literal["independent", "planner"] = "independent"
+    """How the built-in autoscaler decides: each pool on its own signals (independent), or both
+    pools in one plan from the offered load and the engines' capacity (planner)."""
+    planner: PlannerSpec = Field(default_factory=PlannerSpec)
+    """The planner's engine model and forecast (mode: planner)."""
 
 
 class MonitoringSpec(_Model):

@@ -30,6 +30,12 @@ from pydantic import ValidationError
 from tandem.common.roles import LABEL_CLUSTER, LABEL_ROLE, ROLES, Role
 from tandem.operator.api import API_VERSION, GROUP, KIND, PLURAL, VERSION, AutoscalingSpec
 from tandem.operator.autoscaling.decision import Decision, ScalingMemory, decide
+from tandem.operator.autoscaling.planner_loop import (
+    PlannerState,
+    evaluate_planner,
+    planner_policy,
+    planner_status,
+)
 from tandem.operator.autoscaling.policy import PoolPolicy, pool_policies
 from tandem.operator.autoscaling.prometheus import PrometheusClient, PrometheusUnavailable
 from tandem.operator.autoscaling.queries import PoolSelector, read_pool_signals
@@ -130,8 +136,11 @@ async def evaluate(
     states: dict[Role, ScalingMemory],
     last: dict[Role, Decision],
     logger: logging.Logger | kopf.Logger,
+    planner: PlannerState | None = None,
 ) -> dict[Role, Decision]:
-    """One evaluation of both pools (steps 1-6 above); updates `states` and `last` in place."""
+    """One evaluation of both pools (steps 1-6 above); updates `states` and `last` in place.
+    With `mode: planner`, step 3 is one `plan` (planner.py) for both pools, whose memory
+    `planner` keeps."""
     name, namespace = body["metadata"]["name"], body["metadata"].get("namespace") or "default"
     policies = pool_policies(autoscaling)
     deployments = await asyncio.to_thread(pool_deployments, kube, namespace, name)
@@ -139,7 +148,20 @@ async def evaluate(
     if not pools:
         logger.debug("autoscaler: no pool Deployment yet")
         return {}
+    planned = None
     async with PrometheusClient(autoscaling.prometheus_url) as prometheus:
+        if autoscaling.mode == "planner":
+            spec = body.get("spec") or {}
+            planned, _ = await evaluate_planner(
+                prometheus,
+                namespace,
+                name,
+                planner_policy(autoscaling, spec.get("prefill") or {}, spec.get("decode") or {}),
+                autoscaling.metrics_window_seconds,
+                {pool: deployments[pool][1] for pool in pools},
+                planner if planner is not None else PlannerState(),
+                time.monotonic(),
+            )
         readings = await asyncio.gather(
             *(
                 _read_signals(
@@ -156,20 +178,25 @@ async def evaluate(
     status: dict[str, Any] = {"autoscaling": {}}
     for pool, (signals, why) in zip(pools, readings, strict=True):
         _, current, ready = deployments[pool]
-        decision, states[pool] = decide(
-            policies[pool],
-            signals,
-            current,
-            ready,
-            states.get(pool, ScalingMemory()),
-            now,
-            why or "no metrics",
-        )
+        if planned is not None:
+            decision = planned.decisions[pool]
+        else:
+            decision, states[pool] = decide(
+                policies[pool],
+                signals,
+                current,
+                ready,
+                states.get(pool, ScalingMemory()),
+                now,
+                why or "no metrics",
+            )
         decisions[pool] = decision
         record_decision(namespace, name, policies[pool], decision, signals, ready)
         status["autoscaling"][pool] = pool_status(
             decision, signals, ready, previous_status.get(pool), stamp
         )
+        if planned is not None:
+            status["autoscaling"][pool]["planner"] = planner_status(planned, pool)
     status["conditions"] = autoscaling_conditions(
         decisions.values(), body.get("status", {}).get("conditions") or [], stamp
     )
@@ -217,12 +244,14 @@ async def autoscale(
     state when it takes over."""
     states: dict[Role, ScalingMemory] = {}
     last: dict[Role, Decision] = {}
+    planner = PlannerState()
     while True:
         interval = 15.0
         body = latest()
         if not leading():
             states.clear()
             last.clear()
+            planner = PlannerState()
             await asyncio.sleep(interval)
             continue
         try:
@@ -230,7 +259,7 @@ async def autoscale(
                 body.get("spec", {}).get("autoscaling") or {}
             )
             interval = autoscaling.interval_seconds
-            await evaluate(kube, body, autoscaling, states, last, logger)
+            await evaluate(kube, body, autoscaling, states, last, logger, planner)
         except ValidationError as exc:
             logger.error(f"autoscaler: invalid spec.autoscaling: {exc}")
         except Exception as exc:  # one failed evaluation must not end the loop; the next retries
