@@ -72,7 +72,8 @@ def test_no_lora_renders_no_lora_flag() -> None:
 
 def test_adapter_only_runtime_loading() -> None:
     args = vllm_args(cluster(lora={"runtimeUpdates": True}), "decode")
-    assert "--enable-lora" in args and "--lora-modules" not in args
+    assert "--enable-lora" in args
+    assert "--lora-modules" not in args
 
 
 @pytest.mark.parametrize(
