@@ -323,6 +323,14 @@ class RouterService:
             "waiting": engine.waiting,
             "running": engine.running,
             "kv_usage": engine.kv_usage,
+            "lora": None
+            if engine.lora is None
+            else {
+                "max_loras": engine.lora.max_loras,
+                "running": sorted(engine.lora.running),
+                "waiting": sorted(engine.lora.waiting),
+            },
+            "adapters": engine.adapters,
             "kv_events": engine.kv_events,
             "indexed_blocks": self.state.exact_index.size(engine.id),
             "history_blocks": self.state.approx_index.size(engine.id),
