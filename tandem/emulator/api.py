@@ -144,6 +144,12 @@ class OpenAIServer:
             running=len(self.engine.scheduler.running),
             waiting=len(self.engine.scheduler.waiting),
         )
+        if self.lora is not None:
+            stats.update(
+                lora_swap_ins=self.lora.swap_ins,
+                lora_loads=self.lora.loads,
+                lora_waited=self.engine.scheduler.lora_waited,
+            )
         return json_response(stats)
 
     async def reset_prefix_cache(self, request: web.Request) -> web.Response:

@@ -46,6 +46,8 @@ class LoraAdapters:
         # vllm:lora_requests_info: every (running, waiting) label set seen, with the time it was
         # last current (vLLM never drops an old label set)
         self.info: dict[tuple[str, str], float] = {}
+        self.swap_ins = 0  # adapters brought into a GPU slot
+        self.loads = 0  # of those, adapters not in CPU memory either
         for name, path in config.modules.items():
             self._add(name, path)
 
@@ -122,8 +124,10 @@ class LoraAdapters:
         for name in names:
             if self._remember(self.gpu, name, self.config.max_loras):
                 seconds += self.config.swap_s
+                self.swap_ins += 1
                 if self._remember(self.cpu, name, self.max_cpu_loras):
                     seconds += self.config.load_s
+                    self.loads += 1
         return seconds
 
     def record(

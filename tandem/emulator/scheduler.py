@@ -72,6 +72,7 @@ class Scheduler:
         self.kv = kv
         # --max-loras: adapters one step may run (None: LoRA off)
         self.max_loras = max_loras
+        self.lora_waited = 0  # requests that waited for an adapter slot at least once
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
@@ -206,6 +207,9 @@ class Scheduler:
                 and len(loras) >= self.max_loras
                 and request.lora[0] not in loras
             ):
+                if not request.extra.get("lora_waited"):
+                    request.extra["lora_waited"] = True
+                    self.lora_waited += 1
                 skipped.append(waiting.popleft())
                 continue
             if request.status is Status.WAITING_FOR_REMOTE_KVS:
