@@ -135,7 +135,8 @@ def decode_ranking(inputs: RouteInputs, config: RouterConfig) -> list[Choice]:
     replicas"). Load, KV usage and spread differ between replicas (each counts its own
     requests), so they must not decide where a new prefix goes; the load bound keeps them honest.
     For a request to a LoRA adapter the rendezvous order of a new prefix runs within each adapter
-    tier (`scorers/lora_affinity.py`: running there, then a free slot, then a wait), best first.
+    tier (`scorers/lora_affinity.py`: running there, then a free slot, then a wait), best first,
+    unless its weight is 0.
     """
     if inputs.session is not None:
         scoring = config.scoring
@@ -145,7 +146,7 @@ def decode_ranking(inputs: RouteInputs, config: RouterConfig) -> list[Choice]:
     ranked = rank(inputs.decoders, inputs, config)
     if not any(choice.hit_blocks for choice in ranked):
         adapter = inputs.adapter
-        if adapter is None:
+        if adapter is None or not config.scoring.lora_affinity_weight:
             return rendezvous_order(ranked, inputs.first_block_key)
         tiers = sorted({adapter_score(adapter, c.engine) for c in ranked}, reverse=True)
         return [

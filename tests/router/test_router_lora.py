@@ -99,6 +99,19 @@ def test_an_adapter_request_goes_where_its_adapter_runs_then_where_a_slot_is_fre
             "http://e2",
             "http://e1",
         ]
+    # weight 0: no adapter tiers, the plain rendezvous order of the first block
+    off = RouterConfig.model_validate(
+        {
+            "servedModelName": "tiny",
+            "static": {"decode": [{"url": "http://d"}]},
+            "scoring": {"loraAffinityWeight": 0},
+        }
+    )
+    base = plan_route(_inputs([busy_other, free, running], None), off)
+    without = plan_route(_inputs([busy_other, free, running], "a"), off)
+    assert base is not None
+    assert without is not None
+    assert [c.engine for c in without.decode_ranking] == [c.engine for c in base.decode_ranking]
     # the router's own open requests count before the next scrape shows them
     with adapter_stream(free.adapter_streams, "a"):
         assert "a" in free.active_adapters()
