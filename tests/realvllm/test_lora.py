@@ -41,14 +41,10 @@ def adapters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def lora_pd(
-    pd_cluster: PDCluster,
-    model_dir: Path,
-    adapters: dict[str, Path],
-    tmp_path_factory: pytest.TempPathFactory,
+    model_dir: Path, adapters: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[PDCluster]:
     """The tiny example with ad1 loaded at start, runtime updates on, one adapter slot per batch
     and two in CPU memory, on both pools."""
-    pd_cluster.stop()  # at most two vLLM engines on this machine: the shared pair makes room
     lora = {
         "adapters": [{"name": "ad1", "source": str(adapters["ad1"])}],
         "runtimeUpdates": True,
@@ -59,6 +55,7 @@ def lora_pd(
     run_dir = tmp_path_factory.mktemp("lora")
     plan = plan_tiny_cluster(model_dir, run_dir, [f"spec.lora={json.dumps(lora)}"])
     cluster = PDCluster(plan, run_dir)
+    cluster.stop_others()  # at most two vLLM engines on this machine: the shared pair makes room
     try:
         cluster.ensure_engines()
         yield cluster
