@@ -21,7 +21,15 @@ import httpx
 import msgspec
 import pytest
 import zmq
-from harness import DEBUG, PDCluster, Router, assert_parity, measure, plan_tiny_cluster
+from harness import (
+    DEBUG,
+    STARTUP_S,
+    PDCluster,
+    Router,
+    assert_parity,
+    measure,
+    plan_tiny_cluster,
+)
 from lora_adapter import make_adapter
 
 from tandem.common.block_hash import BlockHasher
@@ -57,7 +65,10 @@ def lora_pd(
     cluster = PDCluster(plan, run_dir)
     cluster.stop_others()  # at most two vLLM engines on this machine: the shared pair makes room
     try:
-        cluster.ensure_engines()
+        for engine in (cluster.prefill, cluster.decode):
+            engine.start()
+        for engine in (cluster.prefill, cluster.decode):
+            engine.wait_healthy(2 * STARTUP_S)  # LoRA adds to a start on a busy 2-core machine
         yield cluster
     finally:
         cluster.stop()
