@@ -435,6 +435,7 @@ class EmulatedEngine:
         scheduler = self.scheduler
         m.num_running = len(scheduler.running)
         m.num_waiting = len(scheduler.waiting)
+        m.num_waiting_deferred = 0
         if self.connector is not None:
             deferred = [r for r in scheduler.waiting if r.status is Status.WAITING_FOR_REMOTE_KVS]
             m.num_waiting_deferred = len(deferred)
@@ -442,11 +443,13 @@ class EmulatedEngine:
             m.kv_fetch_completed_waiting = len(deferred) - m.kv_fetch_in_progress
         m.kv_cache_usage = self.kv.usage()
         if self.lora is not None:
-            self.lora.record(
-                (r.lora[0] for r in scheduler.running if r.lora),
-                (r.lora[0] for r in scheduler.waiting if r.lora),
-            )
+            running = {r.lora[0] for r in scheduler.running if r.lora}
+            self.lora.record(running, (r.lora[0] for r in scheduler.waiting if r.lora))
             m.lora = self.lora
+            if len(running) >= self.lora.config.max_loras:  # held back by the LoRA budget
+                m.num_waiting_deferred += sum(
+                    1 for r in scheduler.waiting if r.lora and r.lora[0] not in running
+                )
         if m.gpu is not None:
             m.gpu.kv_blocks_in_use = self.kv.num_used_blocks()
         if m.spec is not None:
