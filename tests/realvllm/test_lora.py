@@ -85,6 +85,11 @@ def router(lora_pd: PDCluster) -> Router:
     raise TimeoutError(f"the router never read the engines' adapters: {router.engines()}")
 
 
+def engine_key(pd: PDCluster) -> dict[str, str]:
+    """The header an engine wants from a client other than the router (its API key)."""
+    return {"authorization": f"Bearer {pd.plan.router_config.auth.engine_key}"}
+
+
 def completion(model: str, prompt: list[int] | str, **extra: Any) -> dict[str, Any]:
     return {"model": model, "prompt": prompt, "max_tokens": 2, **extra}
 
@@ -144,7 +149,12 @@ def test_block_hashes_of_an_adapter_request_are_vllms(
     hashes of the same tokens differ."""
     salt = "lora-salt"
     for body in (completion("ad1", PROMPT), completion("ad1", PROMPT, cache_salt=salt)):
-        answer = httpx.post(f"{lora_pd.decode.url}/v1/completions", json=body, timeout=120)
+        answer = httpx.post(
+            f"{lora_pd.decode.url}/v1/completions",
+            json=body,
+            headers=engine_key(lora_pd),
+            timeout=120,
+        )
         assert answer.status_code == 200, answer.text
     config = router.config
     hasher = BlockHasher(config.hash_algo, config.block_size, config.hash_seed)
@@ -205,6 +215,7 @@ def test_the_router_reads_the_adapter_slots_vllm_reports(
             httpx.post(
                 f"{lora_pd.decode.url}/v1/completions",
                 json=completion("ad1", [7] * 40, max_tokens=300, ignore_eos=True),
+                headers=engine_key(lora_pd),
                 timeout=120,
             )
         finally:
