@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Iterator, Mapping, MutableMapping
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,7 +76,7 @@ def adapters_of(models: Any) -> dict[str, str]:
     return out
 
 
-def served_adapters(engines: Iterator[Mapping[str, str] | None]) -> dict[str, str]:
+def served_adapters(engines: Iterable[Mapping[str, str] | None]) -> dict[str, str]:
     """Every adapter some engine lists (name -> path, the first engine's path for a name)."""
     out: dict[str, str] = {}
     for adapters in engines:
