@@ -100,3 +100,36 @@ def test_given_fields_stay_and_their_siblings_get_defaults(crd_clients: Clients)
     assert spec["engine"]["probes"]["startupBudgetSeconds"] == 600
     assert spec["engine"]["blockSize"] == 16
     assert spec["monitoring"] == {"enabled": False, "interval": "15s"}
+
+
+def test_lora_settings_get_their_defaults_and_the_cel_rules_hold(crd_clients: Clients) -> None:
+    """The lora fields' defaults come from the server, and its CEL rules (which the server
+    compiled and costed when the CRD was applied) refuse duplicate adapter names and an adapter
+    named like the served model."""
+    adapters = [{"name": "sql", "source": "org/sql-lora"}]
+    spec = defaulted_by_the_server(
+        crd_clients, {**BARE, "lora": {"adapters": adapters}, "decode": {"lora": {"maxLoras": 2}}}
+    )["spec"]
+    assert spec["lora"] == {
+        "adapters": adapters,
+        "runtimeUpdates": False,
+        "maxLoras": 1,
+        "maxLoraRank": 16,
+    }
+    assert spec["decode"]["lora"] == {"maxLoras": 2}
+    for lora, message in (
+        ({"adapters": adapters * 2}, "adapter names must be unique"),
+        ({"adapters": [{"name": "m", "source": "org/x"}]}, "served model's name"),
+        ({"maxLoras": 4, "maxCpuLoras": 2}, "maxCpuLoras must be >= maxLoras"),
+    ):
+        manifest = {
+            "apiVersion": "tandem.dev/v1alpha1",
+            "kind": "ServingCluster",
+            "metadata": {"name": "lora", "namespace": "default"},
+            "spec": {**BARE, "lora": lora},
+        }
+        refused = crd_clients.kubectl(
+            "create", "--dry-run=server", "-f", "-", stdin=json.dumps(manifest), check=False
+        )
+        assert refused.returncode != 0, refused.stdout
+        assert message in refused.stderr, refused.stderr

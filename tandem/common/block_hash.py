@@ -5,11 +5,14 @@
     H(x)      = SHA-256(SER(x))  |  xxh3_128(SER(x))   (xxhash*)
     NONE_HASH = H(seed)     seed = the engines' PYTHONHASHSEED, else "vllm-none-hash" (sha256*)
     D[0]      = H((NONE_HASH, tuple(block_0), extra_0))
-    D[i]      = H((D[i-1],    tuple(block_i), None))
+    D[i]      = H((D[i-1],    tuple(block_i), extra_i))
     event id  = int.from_bytes(D[i], "big") & (2**64 - 1)
 
-Only full blocks are hashed. `extra_0` is `(("cache_salt", salt),)` when the request carries a
-`cache_salt`, else None. The event ids are what engines publish in KV events. The emulator hashes
+Only full blocks are hashed. For a request to a LoRA adapter every block's extra keys start with
+`("lora", adapter name, adapter path)` (the path as the engine was given it: `--lora-modules` or
+`/v1/load_lora_adapter`, the `root` of the adapter in `/v1/models`); block 0 then carries
+`("cache_salt", salt)` when the request has a `cache_salt`. `extra_i` is the tuple of those keys,
+or None when there are none. The event ids are what engines publish in KV events. The emulator hashes
 its blocks with these functions; the router recomputes them to check the events it receives.
 """
 
@@ -81,9 +84,20 @@ def none_hash(algo: str, environ: Mapping[str, str] | None = None) -> bytes:
     return hash_function(algo)(none_hash_seed(algo, environ))
 
 
-def cache_salt_extra_keys(cache_salt: str | None) -> tuple[tuple[str, str], ...] | None:
-    """extra_keys of block 0 for a request with `cache_salt` (later blocks use None)."""
-    return (("cache_salt", cache_salt),) if cache_salt else None
+LoraKey = tuple[str, str]  # (adapter name, adapter path)
+
+
+def block_extra_keys(
+    index: int, cache_salt: str | None = None, lora: LoraKey | None = None
+) -> tuple[tuple[str, ...], ...] | None:
+    """extra_keys of block `index`: the adapter's ("lora", name, path) on every block, then
+    ("cache_salt", salt) on block 0 only; None when there are none."""
+    keys: list[tuple[str, ...]] = []
+    if lora is not None:
+        keys.append(("lora", *lora))
+    if cache_salt and index == 0:
+        keys.append(("cache_salt", cache_salt))
+    return tuple(keys) if keys else None
 
 
 def block_digest(
@@ -104,14 +118,14 @@ def chain_digests(
     token_ids: Sequence[int],
     block_size: int,
     cache_salt: str | None = None,
+    lora: LoraKey | None = None,
 ) -> list[bytes]:
     """Digests of every full block of `token_ids`, chained from `root` (NONE_HASH)."""
     digests: list[bytes] = []
     parent = root
-    salt_keys = cache_salt_extra_keys(cache_salt)
     for index in range(len(token_ids) // block_size):
         start = index * block_size
-        extra = salt_keys if index == 0 else None
+        extra = block_extra_keys(index, cache_salt, lora)
         parent = block_digest(hash_fn, parent, token_ids[start : start + block_size], extra)
         digests.append(parent)
     return digests
@@ -131,10 +145,16 @@ class BlockHasher:
         self.digest = hash_function(algo)
         self.none_hash = self.digest(seed if seed is not None else DEFAULT_NONE_HASH_SEED)
 
-    def digests(self, token_ids: Sequence[int], cache_salt: str | None = None) -> list[bytes]:
+    def digests(
+        self, token_ids: Sequence[int], cache_salt: str | None = None, lora: LoraKey | None = None
+    ) -> list[bytes]:
         """Full 32-byte digests of every full block of `token_ids`, in order."""
-        return chain_digests(self.digest, self.none_hash, token_ids, self.block_size, cache_salt)
+        return chain_digests(
+            self.digest, self.none_hash, token_ids, self.block_size, cache_salt, lora
+        )
 
-    def block_hashes(self, token_ids: Sequence[int], cache_salt: str | None = None) -> list[int]:
+    def block_hashes(
+        self, token_ids: Sequence[int], cache_salt: str | None = None, lora: LoraKey | None = None
+    ) -> list[int]:
         """The 64-bit block ids engines publish in KV events, one per full block."""
-        return [event_hash(d) for d in self.digests(token_ids, cache_salt)]
+        return [event_hash(d) for d in self.digests(token_ids, cache_salt, lora)]

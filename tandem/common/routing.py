@@ -90,6 +90,9 @@ class ScoringConfig(SettingsModel):
     affinity_weight: float = Field(1.0, ge=0, alias="affinityWeight")
     """Weight of the rendezvous-hash preference of the request's first block for an engine, so
     router replicas that meet a new prefix at once place it on the same engine."""
+    lora_affinity_weight: float = Field(2.0, ge=0, alias="loraAffinityWeight")
+    """Weight of the LoRA adapter's placement for a request to an adapter: running on the engine
+    (1) beats a free adapter slot there (0.5) beats waiting for a slot (0)."""
     running_weight: float = Field(0.25, ge=0, le=1, alias="runningWeight")
     """How much a decoding request counts in an engine's load, relative to a queued one."""
     load_bound_factor: float = Field(1.5, ge=1, alias="loadBoundFactor")

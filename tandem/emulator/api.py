@@ -28,6 +28,7 @@ from tandem.emulator.responses import (
     json_response,
     model_list,
     stream_error_event,
+    with_permission,
 )
 from tandem.emulator.validation import Generation, RequestValidator, json_body
 
@@ -45,7 +46,13 @@ class OpenAIServer:
         self.config = engine.config
         self.tokenizer = engine.tokenizer
         self.names = list(self.config.served_model_names or [self.config.model])
-        self.validator = RequestValidator(self.names, self.tokenizer, engine.max_model_len)
+        self.lora = engine.lora
+        self.validator = RequestValidator(
+            self.names,
+            self.tokenizer,
+            engine.max_model_len,
+            self.lora.adapters if self.lora is not None else (),
+        )
         digest = zlib.crc32(self.config.model_dump_json().encode())
         self.shaper = ResponseShaper(f"vllm-{VLLM_VERSION}-{digest:08x}")
         self.registry = build_registry(engine.metrics)
@@ -69,6 +76,9 @@ class OpenAIServer:
         r.add_post("/v1/completions", self.completions)
         r.add_post("/v1/chat/completions", self.chat_completions)
         r.add_post("/reset_prefix_cache", self.reset_prefix_cache)
+        if self.lora is not None and self.lora.config.runtime_updates:
+            r.add_post("/v1/load_lora_adapter", self.load_lora_adapter)
+            r.add_post("/v1/unload_lora_adapter", self.unload_lora_adapter)
         r.add_get("/emulator/stats", self.emulator_stats)
         return app
 
@@ -104,7 +114,17 @@ class OpenAIServer:
 
     async def models(self, request: web.Request) -> web.Response:
         body = model_list(self.names, self.config.model, self.created, self.engine.max_model_len)
+        if self.lora is not None:
+            body["data"] += [with_permission(card) for card in self.lora.models(self.created)]
         return json_response(body)
+
+    async def load_lora_adapter(self, request: web.Request) -> web.Response:
+        assert self.lora is not None
+        return web.Response(text=self.lora.load(json_body(await request.read())))
+
+    async def unload_lora_adapter(self, request: web.Request) -> web.Response:
+        assert self.lora is not None
+        return web.Response(text=self.lora.unload(json_body(await request.read())))
 
     async def metrics(self, request: web.Request) -> web.Response:
         body = render(self.registry)
@@ -124,6 +144,12 @@ class OpenAIServer:
             running=len(self.engine.scheduler.running),
             waiting=len(self.engine.scheduler.waiting),
         )
+        if self.lora is not None:
+            stats.update(
+                lora_swap_ins=self.lora.swap_ins,
+                lora_loads=self.lora.loads,
+                lora_waited=self.engine.scheduler.lora_waited,
+            )
         return json_response(stats)
 
     async def reset_prefix_cache(self, request: web.Request) -> web.Response:
@@ -179,6 +205,7 @@ class OpenAIServer:
             ignore_eos=generation.ignore_eos,
             cache_salt=generation.cache_salt,
             acceptance_rate=generation.acceptance_rate,
+            adapter=self.lora.get(generation.model) if self.lora is not None else None,
         )
         params = generation.kv_transfer_params
         if params is not None and self.engine.connector is not None:

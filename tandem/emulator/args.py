@@ -8,7 +8,13 @@ import logging
 import os
 from typing import Any
 
-from tandem.emulator.config import EngineConfig, Faults, KVTransferConfig, SpeculativeConfig
+from tandem.emulator.config import (
+    EngineConfig,
+    Faults,
+    KVTransferConfig,
+    LoraConfig,
+    SpeculativeConfig,
+)
 from tandem.emulator.kv_events import KVEventsConfig
 from tandem.emulator.profile import available_profiles, default_profile_name
 
@@ -85,6 +91,11 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--kv-transfer-config", type=_json_arg, default=None)
     v.add_argument("--kv-events-config", type=_json_arg, default=None)
     v.add_argument("--speculative-config", type=_json_arg, default=None)
+    v.add_argument("--enable-lora", action="store_true")
+    v.add_argument("--max-loras", type=int, default=1)
+    v.add_argument("--max-lora-rank", type=int, default=16)
+    v.add_argument("--max-cpu-loras", type=int, default=None)
+    v.add_argument("--lora-modules", nargs="+", default=[], help="NAME=PATH or vLLM's JSON form")
     v.add_argument("--api-key", default=None)
     v.add_argument("--enable-server-load-tracking", action="store_true")
     v.add_argument("--enable-request-id-headers", action="store_true")
@@ -155,6 +166,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     e.add_argument("--stall-rate", type=float, default=1.0, help="fraction of requests that stall")
     e.add_argument("--fault-seed", type=int, default=0)
+    e.add_argument(
+        "--lora-swap-time",
+        type=float,
+        default=0.002,
+        help="seconds a step spends bringing an adapter into a free GPU slot",
+    )
+    e.add_argument(
+        "--lora-load-time",
+        type=float,
+        default=0.05,
+        help="seconds more when the adapter is not in CPU memory (--max-cpu-loras) either",
+    )
     e.add_argument("--log-level", default="info")
     return p
 
@@ -186,6 +209,34 @@ def split_known(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[list[
             known.append(arg)
         i += 1
     return known, unknown
+
+
+def lora_modules(values: list[str]) -> dict[str, str]:
+    """--lora-modules as vLLM reads it: NAME=PATH, or a JSON object with name and path."""
+    modules: dict[str, str] = {}
+    for value in values:
+        if value.lstrip().startswith("{"):
+            data = _json_arg(value)
+            name, path = data.get("name"), data.get("path")
+        else:
+            name, _, path = value.partition("=")
+        if not name or not path:
+            raise ValueError(f"--lora-modules {value!r}: expected NAME=PATH or a JSON object")
+        modules[str(name)] = str(path)
+    return modules
+
+
+def lora_config(ns: argparse.Namespace) -> LoraConfig:
+    return LoraConfig(
+        max_loras=ns.max_loras,
+        max_lora_rank=ns.max_lora_rank,
+        max_cpu_loras=ns.max_cpu_loras,
+        modules=lora_modules(ns.lora_modules),
+        runtime_updates=os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "").lower()
+        in ("1", "true"),
+        swap_s=ns.lora_swap_time,
+        load_s=ns.lora_load_time,
+    )
 
 
 def parse_max_model_len(value: str | None) -> int | None:
@@ -232,6 +283,7 @@ def parse_args(argv: list[str]) -> tuple[EngineConfig, list[str], str]:
         speculative_config=SpeculativeConfig.model_validate(ns.speculative_config)
         if ns.speculative_config
         else None,
+        lora=lora_config(ns) if ns.enable_lora else None,
         api_key=ns.api_key or os.environ.get("VLLM_API_KEY") or None,
         enable_server_load_tracking=ns.enable_server_load_tracking,
         enable_request_id_headers=ns.enable_request_id_headers,

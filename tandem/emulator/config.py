@@ -62,6 +62,20 @@ class Faults(BaseModel):
     seed: int = 0
 
 
+class LoraConfig(BaseModel):
+    """--enable-lora and its slots (vLLM's names), the adapters of --lora-modules, runtime updates
+    (VLLM_ALLOW_RUNTIME_LORA_UPDATING) and the emulator's adapter load times."""
+
+    max_loras: int = Field(1, ge=1)
+    max_lora_rank: int = Field(16, ge=1)
+    max_cpu_loras: int | None = Field(None, ge=1)
+    modules: dict[str, str] = Field(default_factory=dict)  # name -> path or Hugging Face id
+    runtime_updates: bool = False
+    # seconds to bring an adapter into a GPU slot, and to load one that is not in CPU memory
+    swap_s: float = Field(0.002, ge=0)
+    load_s: float = Field(0.05, ge=0)
+
+
 class EngineConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     model: str = "meta-llama/Llama-3.1-8B-Instruct"
@@ -85,6 +99,7 @@ class EngineConfig(BaseModel):
     kv_transfer_config: KVTransferConfig | None = None
     kv_events_config: KVEventsConfig | None = None
     speculative_config: SpeculativeConfig | None = None
+    lora: LoraConfig | None = None  # None: --enable-lora not given
     api_key: str | None = None
     enable_server_load_tracking: bool = False
     enable_request_id_headers: bool = False

@@ -16,6 +16,7 @@ from tandem.common.block_hash import hash_function, none_hash
 from tandem.emulator.config import EngineConfig
 from tandem.emulator.kv_cache import KVCacheManager
 from tandem.emulator.kv_events import KVEventPublisher
+from tandem.emulator.lora import Adapter, LoraAdapters
 from tandem.emulator.metrics import EmulatedGPU, EngineMetrics, SpecDecodeCounters
 from tandem.emulator.profile import TimingProfile
 from tandem.emulator.request import EngineRequest, FinishReason, Status
@@ -89,7 +90,9 @@ class EmulatedEngine:
             num_speculative_tokens=self.spec.num_speculative_tokens if self.spec else 0,
             static_batching=config.batching == "static",
             seed=config.seed,
+            max_loras=config.lora.max_loras if config.lora else None,
         )
+        self.lora = LoraAdapters(config.lora, config.served_model_name) if config.lora else None
         self.scheduler.on_first_scheduled = self._on_first_scheduled
         self.scheduler.on_remote_kv = self._on_remote_kv
         self.metrics = EngineMetrics(
@@ -180,6 +183,7 @@ class EmulatedEngine:
         ignore_eos: bool = False,
         cache_salt: str | None = None,
         acceptance_rate: float | None = None,
+        adapter: Adapter | None = None,
     ) -> EngineRequest:
         """A request for this engine; `acceptance_rate` (speculative decoding) defaults to
         --spec-acceptance-rate."""
@@ -195,6 +199,8 @@ class EmulatedEngine:
             stop_token_ids=stop_token_ids,
             ignore_eos=ignore_eos,
             cache_salt=cache_salt,
+            lora=(adapter.name, adapter.path) if adapter else None,
+            lora_id=adapter.lora_id if adapter else None,
             acceptance_rate=self.config.spec_acceptance_rate
             if acceptance_rate is None
             else min(max(acceptance_rate, 0.0), 1.0),
@@ -291,6 +297,10 @@ class EmulatedEngine:
                     spec.num_speculative_tokens,
                     batch.decode_seqs,
                     batch.decode_context_tokens,
+                )
+            if self.lora is not None:
+                step_s += self.lora.swap_in_seconds(
+                    dict.fromkeys(r.lora[0] for r in batch.requests if r.lora)
                 )
             simulated = step_s
             if (
@@ -425,12 +435,21 @@ class EmulatedEngine:
         scheduler = self.scheduler
         m.num_running = len(scheduler.running)
         m.num_waiting = len(scheduler.waiting)
+        m.num_waiting_deferred = 0
         if self.connector is not None:
             deferred = [r for r in scheduler.waiting if r.status is Status.WAITING_FOR_REMOTE_KVS]
             m.num_waiting_deferred = len(deferred)
             m.kv_fetch_in_progress = sum(1 for r in deferred if not r.kv_ready)
             m.kv_fetch_completed_waiting = len(deferred) - m.kv_fetch_in_progress
         m.kv_cache_usage = self.kv.usage()
+        if self.lora is not None:
+            running = {r.lora[0] for r in scheduler.running if r.lora}
+            self.lora.record(running, (r.lora[0] for r in scheduler.waiting if r.lora))
+            m.lora = self.lora
+            if len(running) >= self.lora.config.max_loras:  # held back by the LoRA budget
+                m.num_waiting_deferred += sum(
+                    1 for r in scheduler.waiting if r.lora and r.lora[0] not in running
+                )
         if m.gpu is not None:
             m.gpu.kv_blocks_in_use = self.kv.num_used_blocks()
         if m.spec is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from tandem.common.block_hash import HashFunction, cache_salt_extra_keys, event_hash
+from tandem.common.block_hash import HashFunction, block_extra_keys, event_hash
 from tandem.emulator.request import EngineRequest
 
 KVEvent = dict[str, Any]
@@ -164,7 +164,6 @@ class BlockPool:
         """Register blocks [num_cached, num_full) of `request` under their digests (BlockStored)."""
         new_hashes: list[int] = []
         extra_keys: list[Any] = []
-        salt = cache_salt_extra_keys(request.cache_salt)
         digests = request.block_digests
         for index in range(num_cached, num_full):
             block = blocks[index]
@@ -175,7 +174,9 @@ class BlockPool:
             self.cached.setdefault(digest, {})[block.block_id] = block
             if self.events_enabled:
                 new_hashes.append(event_hash(digest))
-                extra_keys.append([value for _, value in salt] if index == 0 and salt else None)
+                # untagged, as vLLM publishes them: the adapter's name, then the salt
+                keys = block_extra_keys(index, request.cache_salt, request.lora)
+                extra_keys.append(None if keys is None else [key[1] for key in keys])
         if self.events_enabled and new_hashes:
             parent = event_hash(digests[num_cached - 1]) if num_cached > 0 else None
             bs = self.block_size
@@ -186,9 +187,9 @@ class BlockPool:
                     "parent_block_hash": parent,
                     "token_ids": request.token_ids[num_cached * bs : num_full * bs],
                     "block_size": bs,
-                    "lora_id": None,
+                    "lora_id": request.lora_id,
                     "medium": "GPU",
-                    "lora_name": None,
+                    "lora_name": request.lora[0] if request.lora else None,
                     "extra_keys": extra_keys,
                     "group_idx": 0,
                     "kv_cache_spec_kind": "full_attention",
@@ -247,7 +248,7 @@ class KVCacheManager:
         parent = digests[-1] if digests else self.root_digest
         hash_fn = self.hash_fn
         for index in range(len(digests), full):
-            extra = cache_salt_extra_keys(request.cache_salt) if index == 0 else None
+            extra = block_extra_keys(index, request.cache_salt, request.lora)
             parent = hash_fn((parent, tuple(tokens[index * bs : (index + 1) * bs]), extra))
             digests.append(parent)
 

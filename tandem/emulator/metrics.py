@@ -20,6 +20,7 @@ from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
 from tandem.common.metrics import Counter, Histogram
+from tandem.emulator.lora import LoraAdapters
 from tandem.emulator.profile import GPUMemory
 
 if TYPE_CHECKING:
@@ -223,6 +224,7 @@ class EngineMetrics:
         self.kv_fetch_in_progress = 0
         self.kv_fetch_completed_waiting = 0
         self.kv_cache_usage = 0.0
+        self.lora: LoraAdapters | None = None  # vllm:lora_requests_info with --enable-lora
         # counters
         c = Counter
         self.prefix_cache_queries, self.prefix_cache_hits = c(), c()
@@ -308,6 +310,19 @@ class EngineMetrics:
     # The engine's own labels: every family but admission rejections carries both.
     _BASE_LABELS = ("engine", "model_name")
 
+    @staticmethod
+    def _lora_family(lora: LoraAdapters) -> GaugeMetricFamily:
+        """vLLM's LoRA info gauge: no engine or model label; every label set it has seen, each
+        valued with the time it was last current."""
+        family = GaugeMetricFamily(
+            "vllm:lora_requests_info",
+            "Running stats on lora requests.",
+            labels=["max_lora", "running_lora_adapters", "waiting_lora_adapters"],
+        )
+        for (running, waiting), when in lora.info.items():
+            family.add_metric([str(lora.config.max_loras), running, waiting], when)
+        return family
+
     def _counter(self, name: str, value: Counter) -> CounterMetricFamily:
         family = CounterMetricFamily(name, HELP[name + "_total"], labels=self._BASE_LABELS)
         family.add_metric([self.engine, self.model_name], value.value, created=value.created)
@@ -377,6 +392,8 @@ class EngineMetrics:
             {"awake": 1.0, "weights_offloaded": 0.0, "discard_all": 0.0},
         )
         yield self._gauge("vllm:kv_cache_usage_perc", self.kv_cache_usage)
+        if self.lora is not None:
+            yield self._lora_family(self.lora)
 
     def _counter_families(self) -> Iterator[Metric]:
         """Prefix-cache, token, request and admission counters."""

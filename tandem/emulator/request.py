@@ -51,6 +51,8 @@ class EngineRequest:
     num_external_tokens: int = 0  # tokens whose KV came from a remote prefill engine
     num_preemptions: int = 0
     cache_salt: str | None = None
+    lora: tuple[str, str] | None = None  # (adapter name, path): part of every block's hash
+    lora_id: int | None = None  # the adapter's int id (vLLM's deprecated event field)
     block_digests: list[bytes] = field(default_factory=list)
     kv_capacity: int = 0  # tokens that fit in the request's allocated blocks
     num_cached_blocks: int = 0  # leading blocks registered in the prefix cache

@@ -49,34 +49,39 @@ def stream_error_event(message: str = INTERNAL_ERROR, code: int = 500) -> bytes:
 def model_list(names: list[str], root: str, created: int, max_model_len: int) -> dict[str, Any]:
     """The body of GET /v1/models: one card per served name."""
     cards = [
-        {
-            "id": name,
-            "object": "model",
-            "created": created,
-            "owned_by": "vllm",
-            "root": root,
-            "parent": None,
-            "max_model_len": max_model_len,
-            "permission": [
-                {
-                    "id": f"modelperm-{uuid.uuid4().hex[:16]}",
-                    "object": "model_permission",
-                    "created": created,
-                    "allow_create_engine": False,
-                    "allow_sampling": True,
-                    "allow_logprobs": True,
-                    "allow_search_indices": False,
-                    "allow_view": True,
-                    "allow_fine_tuning": False,
-                    "organization": "*",
-                    "group": None,
-                    "is_blocking": False,
-                }
-            ],
-        }
+        with_permission(
+            {
+                "id": name,
+                "object": "model",
+                "created": created,
+                "owned_by": "vllm",
+                "root": root,
+                "parent": None,
+                "max_model_len": max_model_len,
+            }
+        )
         for name in names
     ]
     return {"object": "list", "data": cards}
+
+
+def with_permission(card: dict[str, Any]) -> dict[str, Any]:
+    """A model card with vLLM's `permission` list (a fresh id per listing)."""
+    permission = {
+        "id": f"modelperm-{uuid.uuid4().hex[:16]}",
+        "object": "model_permission",
+        "created": card["created"],
+        "allow_create_engine": False,
+        "allow_sampling": True,
+        "allow_logprobs": True,
+        "allow_search_indices": False,
+        "allow_view": True,
+        "allow_fine_tuning": False,
+        "organization": "*",
+        "group": None,
+        "is_blocking": False,
+    }
+    return {**card, "permission": [permission]}
 
 
 class ResponseShaper:

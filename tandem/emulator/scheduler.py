@@ -67,8 +67,12 @@ class Scheduler:
         num_speculative_tokens: int = 0,
         static_batching: bool = False,
         seed: int = 0,
+        max_loras: int | None = None,
     ) -> None:
         self.kv = kv
+        # --max-loras: adapters one step may run (None: LoRA off)
+        self.max_loras = max_loras
+        self.lora_waited = 0  # requests that waited for an adapter slot at least once
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
@@ -192,8 +196,22 @@ class Scheduler:
         waiting = self.waiting
         skipped: list[EngineRequest] = []
         admitted = 0
+        # vLLM: a waiting request whose adapter is not among the step's adapters is skipped
+        # (deferred) while the step already runs --max-loras adapters
+        loras = {r.lora[0] for r in batch.requests if r.lora} if self.max_loras else set()
         while waiting and budget > 0 and len(self.running) < max_running:
             request = waiting[0]
+            if (
+                request.lora
+                and self.max_loras
+                and len(loras) >= self.max_loras
+                and request.lora[0] not in loras
+            ):
+                if not request.extra.get("lora_waited"):
+                    request.extra["lora_waited"] = True
+                    self.lora_waited += 1
+                skipped.append(waiting.popleft())
+                continue
             if request.status is Status.WAITING_FOR_REMOTE_KVS:
                 if not request.kv_ready:
                     skipped.append(waiting.popleft())
@@ -235,6 +253,8 @@ class Scheduler:
             self._add_to_batch(batch, request, num_new)
             budget -= num_new
             admitted += 1
+            if request.lora and self.max_loras:
+                loras.add(request.lora[0])
         if skipped:
             waiting.extendleft(reversed(skipped))
         return admitted

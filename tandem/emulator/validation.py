@@ -4,6 +4,7 @@ statuses, checked in the same order, so that the first problem a client sees is 
 from __future__ import annotations
 
 import json
+from collections.abc import Container
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,8 +64,15 @@ def _acceptance_rate(body: dict[str, Any]) -> float | None:
 class RequestValidator:
     """Checks bodies against one served model: its names, tokenizer and context length."""
 
-    def __init__(self, names: list[str], tokenizer: PromptTokenizer, max_model_len: int) -> None:
+    def __init__(
+        self,
+        names: list[str],
+        tokenizer: PromptTokenizer,
+        max_model_len: int,
+        adapters: Container[str] = (),
+    ) -> None:
         self.names = names
+        self.adapters = adapters  # LoRA adapter names, served too (not listed in the 404)
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
 
@@ -73,7 +81,7 @@ class RequestValidator:
         model = body.get("model")
         if model is None:
             return self.names[0]
-        if model not in self.names:
+        if model not in self.names and model not in self.adapters:
             raise APIError(
                 404,
                 f"The model `{model}` does not exist. Valid aliases: {', '.join(self.names)}.",

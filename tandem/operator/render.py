@@ -24,6 +24,7 @@ from tandem.operator.api import (
     Toleration,
     pool_replicas,
 )
+from tandem.operator.lora_render import lora_args, lora_env
 from tandem.operator.tokenizer import engine_chat_template, router_tokenizer, tokenizer_pod_parts
 from tandem.router.config import (
     AuthConfig,
@@ -231,6 +232,7 @@ def vllm_args(sc: ServingCluster, role: Role, ports: EnginePorts = POD_PORTS) ->
             if value is not None:
                 config[key] = value
         args += ["--speculative-config", _compact_json(config)]
+    args += lora_args(spec.lora, pool)
     return args + engine.extra_args + pool.extra_args
 
 
@@ -278,6 +280,7 @@ def vllm_env(
         base.append({"name": "HF_HOME", "value": f"{spec.model.cache.mount_path}/huggingface"})
         if spec.model.cache.read_only:
             base.append({"name": "HF_HUB_OFFLINE", "value": "1"})
+    base += lora_env(spec.lora)
     return merge_env(base, _env_dicts(spec.engine.env), _env_dicts(_pool(sc, role).env))
 
 

@@ -41,28 +41,40 @@ def text_block_keys(text: str, chars_per_block: int) -> list[int]:
 
 
 def stable_first_block_key(
-    token_ids: Sequence[int], block_size: int, salt: str | None = None
+    token_ids: Sequence[int], block_size: int, salt: str | None = None, adapter: str | None = None
 ) -> int | None:
     """A key of the first full block that every process computes alike (the chained keys above
-    are per process): blake2b-64 of the salt and the block's token ids. None without a full
-    block. Router replicas meet on it where they cannot share their index (rendezvous affinity)."""
+    are per process): blake2b-64 of the adapter, the salt and the block's token ids. None without
+    a full block. Router replicas meet on it where they cannot share their index (rendezvous
+    affinity)."""
     if len(token_ids) < block_size:
         return None
-    return stable_key(array("I", token_ids[:block_size]).tobytes(), salt)
+    return stable_key(array("I", token_ids[:block_size]).tobytes(), salt, adapter)
 
 
-def stable_text_key(text: str, chars_per_block: int, salt: str | None = None) -> int | None:
+def stable_text_key(
+    text: str, chars_per_block: int, salt: str | None = None, adapter: str | None = None
+) -> int | None:
     """`stable_first_block_key` of the approximation: the first `chars_per_block` characters."""
     if len(text) < chars_per_block:
         return None
-    return stable_key(text[:chars_per_block].encode(), salt)
+    return stable_key(text[:chars_per_block].encode(), salt, adapter)
 
 
-def stable_key(data: bytes, salt: str | None) -> int:
+def stable_key(data: bytes, salt: str | None, adapter: str | None = None) -> int:
     prefix = b"" if salt is None else salt.encode() + b"\0"
+    if adapter is not None:
+        prefix = b"\x01" + adapter.encode() + b"\0" + prefix
     return hash64(prefix + data)
 
 
-def salted_parent(salt: str | None) -> int | None:
-    """The chain seed of a request with `cache_salt` (vLLM mixes the salt into block 0 only)."""
-    return None if salt is None else hash((_SEED, "cache_salt", salt))
+def chain_seed(salt: str | None, adapter: str | None = None) -> int | None:
+    """The chain seed of a request with `cache_salt` or to a LoRA adapter, None for neither.
+
+    vLLM mixes the salt into block 0 and the adapter into every block; both reach every later
+    block through the chain, so seeding the chain with them keys exactly the blocks vLLM tells
+    apart. The adapter is keyed by name: vLLM also hashes its path, which one name has at a time
+    on an engine (a name re-pointed at another path is a new adapter to vLLM, not to this key)."""
+    if salt is None and adapter is None:
+        return None
+    return hash((_SEED, "lora", adapter, "cache_salt", salt))

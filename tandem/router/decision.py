@@ -20,7 +20,7 @@ from tandem.router.predict.placement import Placement, PlacementInputs, place
 from tandem.router.predict.predictor import Predictor
 from tandem.router.predict.slo import SloTarget
 from tandem.router.rendezvous import hrw_order
-from tandem.router.scoring import Choice, score_engines
+from tandem.router.scoring import Choice, adapter_score, score_engines
 
 
 class Route(StrEnum):
@@ -81,6 +81,7 @@ class RouteInputs:
     cached_blocks: Mapping[str, int]  # engine id -> blocks the index holds for it
     first_block_key: int | None = None  # the first block, keyed alike by every replica (affinity)
     session: str | None = None  # the client's session id (session header)
+    adapter: str | None = None  # the LoRA adapter the request names (None: the base model)
     predictive: PredictiveInputs | None = None  # set under the `predictive` policy
 
 
@@ -133,6 +134,9 @@ def decode_ranking(inputs: RouteInputs, config: RouterConfig) -> list[Choice]:
     new prefix is where an earlier replica most likely put it (docs/router.md, "Several router
     replicas"). Load, KV usage and spread differ between replicas (each counts its own
     requests), so they must not decide where a new prefix goes; the load bound keeps them honest.
+    For a request to a LoRA adapter the rendezvous order of a new prefix runs within each adapter
+    tier (`scorers/lora_affinity.py`: running there, then a free slot, then a wait), best first,
+    unless its weight is 0.
     """
     if inputs.session is not None:
         scoring = config.scoring
@@ -141,7 +145,18 @@ def decode_ranking(inputs: RouteInputs, config: RouterConfig) -> list[Choice]:
         return rendezvous_order(rank(inputs.decoders, inputs, config, factor), inputs.session)
     ranked = rank(inputs.decoders, inputs, config)
     if not any(choice.hit_blocks for choice in ranked):
-        return rendezvous_order(ranked, inputs.first_block_key)
+        adapter = inputs.adapter
+        if adapter is None or not config.scoring.lora_affinity_weight:
+            return rendezvous_order(ranked, inputs.first_block_key)
+        tiers = sorted({adapter_score(adapter, c.engine) for c in ranked}, reverse=True)
+        return [
+            choice
+            for tier in tiers
+            for choice in rendezvous_order(
+                [c for c in ranked if adapter_score(adapter, c.engine) == tier],
+                inputs.first_block_key,
+            )
+        ]
     return ranked
 
 
@@ -161,6 +176,7 @@ def rank(
         sizes,
         inputs.first_block_key,
         load_bound_factor,
+        inputs.adapter,
     )
 
 

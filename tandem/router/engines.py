@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tandem.common.roles import Role
+from tandem.router.lora import LoraSlots
 
 
 @dataclass(eq=False)
@@ -31,6 +32,12 @@ class Engine:
     decoding_at_scrape: int = 0
     consecutive_failures: int = 0
     labels: dict[str, str] = field(default_factory=dict)
+    # LoRA: vllm:lora_requests_info as last scraped (None: the engine reports no LoRA), the
+    # adapters its /v1/models lists (name -> path; None: not read yet) and this router's open
+    # requests per adapter on it.
+    lora: LoraSlots | None = None
+    adapters: dict[str, str] | None = None
+    adapter_streams: dict[str, int] = field(default_factory=dict)
 
     @property
     def id(self) -> str:
@@ -69,6 +76,18 @@ class Engine:
         decoding = self.in_flight - self.pending
         busy = self.running + (decoding - self.decoding_at_scrape)
         return busy if busy > decoding else decoding
+
+    def active_adapters(self) -> frozenset[str]:
+        """Adapters running on the engine: those its last scrape showed running, and those of
+        this router's requests open on it now (the scrape is up to one interval old)."""
+        scraped = self.lora.running if self.lora is not None else frozenset()
+        live = [name for name, count in self.adapter_streams.items() if count > 0]
+        return scraped.union(live) if live else scraped
+
+    def serves_model(self, adapter: str | None) -> bool:
+        """Whether a request for `adapter` (None: the base model) can go here: the base model
+        always; an adapter unless the engine's /v1/models was read and lacks it."""
+        return adapter is None or self.adapters is None or adapter in self.adapters
 
     def serves(self, role: Role) -> bool:
         return role in self.roles

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from tandem.router.auth import EngineKey
 from tandem.router.blocks import (
     block_keys,
-    salted_parent,
+    chain_seed,
     stable_first_block_key,
     stable_text_key,
     text_block_keys,
@@ -54,6 +54,8 @@ class Features:
     exact: bool  # keys come from real token ids (they can meet the KV-event index)
     # the first block's key as every router process computes it (None without a full block)
     first_block_key: int | None = None
+    # the LoRA adapter the request names (None: the base model); part of every block's key
+    adapter: str | None = None
 
 
 class Featurizer:
@@ -73,8 +75,11 @@ class Featurizer:
         on_fallback: Callable[[str], None] | None = None,
         render: RenderClient | None = None,
         render_all: bool = False,
+        base_models: frozenset[str] = frozenset(),
     ):
         self.block_size = block_size
+        # any other model a request names is a LoRA adapter (the engines 404 an unknown one)
+        self.base_models = base_models
         # vLLM's renderer: for every request (render_all), else for those the router declines
         self._render = render
         self._render_all = render_all and render is not None
@@ -105,6 +110,13 @@ class Featurizer:
         self._cache: OrderedDict[tuple[int, int, object], Features] = OrderedDict()
         self._cache_size = cache_size
 
+    def adapter_of(self, body: dict[str, Any]) -> str | None:
+        """The LoRA adapter a request names: its `model` unless that is the base model."""
+        model = body.get("model")
+        if not isinstance(model, str) or not self.base_models or model in self.base_models:
+            return None
+        return model
+
     @property
     def exact(self) -> bool:
         return self._requests is not None or self._fallback_ids or self._render is not None
@@ -120,7 +132,8 @@ class Featurizer:
         salt = body.get("cache_salt")
         salt = salt if isinstance(salt, str) else None
         try:
-            return self.of_tokens(await self._render.token_ids(body, chat), salt)
+            ids = await self._render.token_ids(body, chat)
+            return self.of_tokens(ids, salt, self.adapter_of(body))
         except RenderUnavailable as exc:
             return self._fallback(body, chat, salt, "render", exc)
 
@@ -147,7 +160,7 @@ class Featurizer:
             return self._fallback(body, chat, salt, "unsupported" if count_fallback else None, exc)
         except Exception as exc:  # a tokenizer or template bug must never fail the request
             return self._fallback(body, chat, salt, "error" if count_fallback else None, exc)
-        features = self.of_tokens(ids, salt)
+        features = self.of_tokens(ids, salt, self.adapter_of(body))
         return self._remember(key, features) if canonical else features
 
     def _count_fallback(self, reason: str) -> None:
@@ -172,39 +185,46 @@ class Featurizer:
         log.debug("approximate tokenization (%s): %s", reason, exc)
         if reason is not None:
             self._count_fallback(reason)
-        return self.approximate(prompt_text(body, chat), salt)
+        return self.approximate(prompt_text(body, chat), salt, self.adapter_of(body))
 
     def _without_tokenizer(self, body: dict[str, Any], chat: bool, salt: str | None) -> Features:
+        adapter = self.adapter_of(body)
         prompt = body.get("prompt")
         if not chat and isinstance(prompt, list) and prompt:
             first = prompt[0]
             if isinstance(first, int):
-                return self.of_tokens(prompt, salt)
+                return self.of_tokens(prompt, salt, adapter)
             if isinstance(first, list):
-                return self.of_tokens(first, salt)
+                return self.of_tokens(first, salt, adapter)
         text = prompt_text(body, chat)
-        key = (hash(text), len(text), salt)
+        key = (hash(text), len(text), (salt, adapter))
         cached = self._cached(key)
         if cached is not None:
             return cached
         if self._fallback_ids:
-            return self._remember(key, self.of_tokens(fallback_token_ids(text), salt))
-        return self._remember(key, self.approximate(text, salt))
+            return self._remember(key, self.of_tokens(fallback_token_ids(text), salt, adapter))
+        return self._remember(key, self.approximate(text, salt, adapter))
 
-    def of_tokens(self, token_ids: list[int], salt: str | None = None) -> Features:
+    def of_tokens(
+        self, token_ids: list[int], salt: str | None = None, adapter: str | None = None
+    ) -> Features:
         try:
-            keys = block_keys(token_ids, self.block_size, salted_parent(salt))
+            keys = block_keys(token_ids, self.block_size, chain_seed(salt, adapter))
         except (OverflowError, TypeError):
-            return Features(len(token_ids), [], True)
-        first = stable_first_block_key(token_ids, self.block_size, salt)
-        return Features(len(token_ids), keys, True, first)
+            return Features(len(token_ids), [], True, adapter=adapter)
+        first = stable_first_block_key(token_ids, self.block_size, salt, adapter)
+        return Features(len(token_ids), keys, True, first, adapter)
 
-    def approximate(self, text: str, salt: str | None = None) -> Features:
+    def approximate(
+        self, text: str, salt: str | None = None, adapter: str | None = None
+    ) -> Features:
         prefix = "" if salt is None else f"\x00{salt}\x00"
+        if adapter is not None:
+            prefix = f"\x01{adapter}\x00{prefix}"
         chars_per_block = CHARS_PER_TOKEN * self.block_size
         keys = text_block_keys(prefix + text, chars_per_block)
-        first = stable_text_key(text, chars_per_block, salt)
-        return Features(len(text) // CHARS_PER_TOKEN, keys, False, first)
+        first = stable_text_key(text, chars_per_block, salt, adapter)
+        return Features(len(text) // CHARS_PER_TOKEN, keys, False, first, adapter)
 
 
 def featurizer_of(config: RouterConfig, metrics: RouterMetrics) -> Featurizer:
@@ -220,6 +240,7 @@ def featurizer_of(config: RouterConfig, metrics: RouterMetrics) -> Featurizer:
         on_fallback=lambda reason: metrics.tokenize_fallbacks.labels(reason).inc(),
         render=RenderClient(config.render_url, auth=auth) if config.render_url else None,
         render_all=config.render_mode == "remote",
+        base_models=frozenset((config.served_model_name,)),
     )
 
 

@@ -13,7 +13,8 @@ without its end marker: the subscriber applies batches strictly in order and ask
 first one missing (or asks again, when a request goes unanswered), until the end marker arrives
 after an unbroken run.
 Events are mapped onto the router's own block keys (`blocks.py`): a BlockStored's token ids are
-keyed in a chain continuing from its parent's key, so request keys and event keys always agree.
+keyed in a chain continuing from its parent's key (a chain's first block from the seed of its
+`lora_name` and cache salt), so request keys and event keys always agree.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import zmq
 import zmq.asyncio
 
 from tandem.common.block_hash import BlockHasher
-from tandem.router.blocks import block_keys, salted_parent
+from tandem.router.blocks import block_keys, chain_seed
 from tandem.router.index import PrefixIndex
 from tandem.router.metrics import RouterMetrics
 
@@ -85,17 +86,15 @@ class EngineBlockMap:
             self._warned_block_size = True
         parent_hash = event.get("parent_block_hash")
         if parent_hash is None:
-            extra = (event.get("extra_keys") or [None])[0]
-            salt = (
-                extra[0]
-                if isinstance(extra, list) and extra and isinstance(extra[0], str)
-                else None
-            )
-            parent = salted_parent(salt)
+            adapter = event.get("lora_name")
+            adapter = adapter if isinstance(adapter, str) else None
+            salt = first_block_salt((event.get("extra_keys") or [None])[0], adapter)
+            parent = chain_seed(salt, adapter)
             if (
                 self.hasher is not None
                 and self.hash_config_matches is None
                 and salt is None
+                and adapter is None
                 and hashes
             ):
                 expected = self.hasher.block_hashes(tokens[:size])
@@ -133,6 +132,15 @@ class EngineBlockMap:
             entry[1] -= 1
             if entry[1] <= 0:
                 del self._keys[engine_hash]
+
+
+def first_block_salt(extra: object, adapter: str | None) -> str | None:
+    """The cache salt in block 0's untagged extra keys: after the adapter's name when the block
+    belongs to an adapter (`[name, salt]`), else first (`[salt]`)."""
+    if not isinstance(extra, list):
+        return None
+    values = extra[1:] if adapter is not None else extra
+    return values[0] if values and isinstance(values[0], str) else None
 
 
 _payload_decoder = msgspec.msgpack.Decoder()

@@ -99,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--load-bound-slack", type=float)
     p.add_argument("--spread-weight", type=float)
     p.add_argument("--affinity-weight", type=float)
+    p.add_argument("--lora-affinity-weight", type=float)
     p.add_argument("--session-load-bound-factor", type=float)
     p.add_argument("--running-weight", type=float)
     p.add_argument("--disaggregation", choices=["auto", "always", "never"])
@@ -213,6 +214,7 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         ("scoring", "loadBoundSlack", args.load_bound_slack),
         ("scoring", "spreadWeight", args.spread_weight),
         ("scoring", "affinityWeight", args.affinity_weight),
+        ("scoring", "loraAffinityWeight", args.lora_affinity_weight),
         ("scoring", "sessionLoadBoundFactor", args.session_load_bound_factor),
         ("scoring", "runningWeight", args.running_weight),
         ("disaggregation", "mode", args.disaggregation),

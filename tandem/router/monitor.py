@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 
 from tandem.router.engine_metrics import parse_engine_load
 from tandem.router.engines import Engine, EnginePool
+from tandem.router.lora import adapters_of, parse_lora_slots
 from tandem.router.upstream import AuthHeader, UpstreamError, UpstreamPool, Upstreams
 
 log = logging.getLogger("tandem.router.monitor")
@@ -75,6 +77,8 @@ class EngineMonitor:
             engine.consecutive_failures = 0 if ok else engine.consecutive_failures + 1
         if engine.healthy:
             await self._scrape_load(engine, pool)
+            if health:
+                await self._read_adapters(engine, pool)
 
     async def _scrape_load(self, engine: Engine, pool: UpstreamPool) -> None:
         """Queue depth and KV usage from /metrics. A slow or failed scrape keeps the last values:
@@ -93,8 +97,24 @@ class EngineMonitor:
             engine.waiting = load["waiting"]
             engine.running = load["running"]
             engine.kv_usage = load["kv_usage"]
+            engine.lora = parse_lora_slots(text)
             engine.pending_at_scrape = engine.pending
             engine.decoding_at_scrape = engine.in_flight - engine.pending
+
+    async def _read_adapters(self, engine: Engine, pool: UpstreamPool) -> None:
+        """The LoRA adapters the engine serves, from its /v1/models (at health-check pace: they
+        change only when loaded or unloaded). A failed read keeps the last list."""
+        try:
+            response = await pool.request("GET", "/v1/models", idle_s=self.timeout_s)
+            text = await response.read()
+        except UpstreamError as exc:
+            log.debug("engine %s: /v1/models not read: %s", engine.id, exc)
+            return
+        if response.status == 200:
+            try:
+                engine.adapters = adapters_of(json.loads(text))
+            except ValueError:
+                log.debug("engine %s: /v1/models is not JSON", engine.id)
 
     async def _run(self) -> None:
         while True:

@@ -32,6 +32,7 @@ from tandem.router.errors import error_body, sse_error_event
 from tandem.router.features import Features
 from tandem.router.handoff import handoff_problem, prefill_body
 from tandem.router.httpserver import Request, Responder
+from tandem.router.lora import adapter_stream
 from tandem.router.predict.output_length import length_keys
 from tandem.router.predict.placement import retry_after_s
 from tandem.router.predict.slo import TPOT_HEADER, TTFT_HEADER, SloTarget, slo_target
@@ -95,10 +96,18 @@ class CompletionProxy:
 
     # -- entry -------------------------------------------------------------------------------
 
+    def _model_names(self) -> set[str]:
+        """The base model and every LoRA adapter an engine lists."""
+        names = set(self.model_names)
+        for engine in self.state.pool.engines.values():
+            if engine.adapters:
+                names.update(engine.adapters)
+        return names
+
     async def generate(self, request: Request, responder: Responder, chat: bool) -> None:
         timing = Timing()
         try:
-            body = parse_body(request.body, chat, self.model_names)
+            body = parse_body(request.body, chat, self._model_names())
         except InvalidRequest as exc:
             self.metrics.child(self.metrics.rejected, "invalid").inc()
             responder.send(exc.status, exc.body)
@@ -220,8 +229,13 @@ class CompletionProxy:
         state = self.state
         exact = state.use_exact and features.exact
         index = state.exact_index if exact else state.approx_index
-        decoders = state.pool.candidates("decode")
-        prefillers = [e for e in state.pool.candidates("prefill") if not e.colocated]
+        adapter = features.adapter
+        decoders = [e for e in state.pool.candidates("decode") if e.serves_model(adapter)]
+        prefillers = [
+            e
+            for e in state.pool.candidates("prefill")
+            if not e.colocated and e.serves_model(adapter)
+        ]
         engines = [e.id for e in (*decoders, *prefillers)]
         keys = features.keys
         session = call.request.headers.get(self._session_header) or None
@@ -237,6 +251,7 @@ class CompletionProxy:
             cached_blocks={e: index.size(e) for e in engines} if len(engines) > 1 else {},
             first_block_key=features.first_block_key,
             session=session,
+            adapter=adapter,
             predictive=predictive,
         )
         index_name = "exact" if exact else "approximate"
@@ -331,10 +346,11 @@ class CompletionProxy:
         self._remember(call, plan, features, handoff)
         ranking = [c.engine for c in plan.decode_ranking]
         hit = f"{hit_blocks}/{total_blocks}"
-        if await self._decode(call, ranking, handoff, hit):
-            # The decode engine could not use the prefill's KV: once more, prefilling it there.
-            metrics.child(metrics.retries, "decode", "kv_transfer").inc()
-            await self._decode(call, ranking, None, hit)
+        with adapter_stream(plan.decode.engine.adapter_streams, features.adapter):
+            if await self._decode(call, ranking, handoff, hit):
+                # The decode engine could not use the prefill's KV: once more, prefilling it there.
+                metrics.child(metrics.retries, "decode", "kv_transfer").inc()
+                await self._decode(call, ranking, None, hit)
 
     def _client_headers(
         self, call: Call, handoff: Handoff | None, hit: str

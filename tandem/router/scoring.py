@@ -11,6 +11,7 @@ from tandem.router.engines import Engine
 from tandem.router.scorers.affinity import affinity_score
 from tandem.router.scorers.kv_usage import kv_usage_score
 from tandem.router.scorers.load_bound import within_load_bound
+from tandem.router.scorers.lora_affinity import lora_affinity_score
 from tandem.router.scorers.prefix import prefix_score
 from tandem.router.scorers.queue import queue_score
 from tandem.router.scorers.spread import spread_score
@@ -31,14 +32,16 @@ def score_engines(
     cached_blocks: Mapping[str, int] | None = None,
     affinity_key: int | None = None,
     load_bound_factor: float | None = None,
+    adapter: str | None = None,
 ) -> list[Choice]:
     """Candidates within the load bound (`load_bound_factor`, else the weights'; infinite: every
     engine), best first.
 
     score = w_prefix * prefix + w_queue * queue + w_kv * kv + w_spread * spread
-            + w_affinity * affinity
+            + w_affinity * affinity + w_lora * lora_affinity
     (each in [0, 1], see `scorers/`; spread needs `cached_blocks`, the index's block count per
-    engine; affinity the request's first block key); ties go to the smaller load, then to fewer
+    engine; affinity the request's first block key; lora_affinity only for a request to an
+    `adapter`); ties go to the smaller load, then to fewer
     in-flight requests, then to the higher affinity — or at random for a prompt without a full
     block, which has no prefix for replicas to agree on and should not favour the first engine.
     """
@@ -69,6 +72,16 @@ def score_engines(
         )
         if affinity_key is not None:
             score += weights.affinity_weight * affinity
+        if adapter is not None:
+            score += weights.lora_affinity_weight * adapter_score(adapter, engine)
         ranked.append((-score, load, engine.in_flight, -affinity, Choice(engine, score, hit)))
     ranked.sort(key=lambda r: r[:4])
     return [r[4] for r in ranked]
+
+
+def adapter_score(adapter: str, engine: Engine) -> float:
+    """`lora_affinity_score` of `engine` for a request to `adapter`."""
+    slots = engine.lora
+    return lora_affinity_score(
+        adapter, engine.active_adapters(), slots.max_loras if slots is not None else None
+    )

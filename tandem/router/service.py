@@ -25,6 +25,15 @@ from tandem.router.engines import Engine
 from tandem.router.errors import error_body
 from tandem.router.httpserver import HttpServer, Request, Responder
 from tandem.router.kv_events import EngineBlockMap, KvEventSubscriber
+from tandem.router.lora import served_adapters
+from tandem.router.lora_admin import (
+    LOAD_PATH,
+    UNLOAD_PATH,
+    combined_answer,
+    parse_adapter_request,
+    record_answers,
+    send_to_engines,
+)
 from tandem.router.monitor import EngineMonitor
 from tandem.router.proxy import CompletionProxy
 from tandem.router.state import RouterState
@@ -221,6 +230,8 @@ class RouterService:
                 responder.send(200, self._models())
             else:
                 self._unauthorized(responder)
+        elif path in (LOAD_PATH, UNLOAD_PATH):
+            await self._adapter_change(request, responder, load=path == LOAD_PATH)
         elif path == "/livez":
             responder.send(200, b"")
         elif path in ("/health", "/ping"):
@@ -261,16 +272,54 @@ class RouterService:
         responder.send(401, error_body(401, "Unauthorized"), [("www-authenticate", "Bearer")])
 
     def _models(self) -> bytes:
+        """The base model, then every LoRA adapter some engine serves (vLLM's shape: `parent` the
+        base model, `root` the adapter's path)."""
         name = self.config.served_model_name
-        model = {
-            "id": name,
-            "object": "model",
-            "created": self._created,
-            "owned_by": "tandem",
-            "root": name,
-            "parent": None,
-        }
-        return _encode_json({"object": "list", "data": [model]})
+        models: list[tuple[str, str, str | None]] = [(name, name, None)]
+        adapters = served_adapters(e.adapters for e in self.pool.engines.values())
+        models += [(adapter, path, name) for adapter, path in sorted(adapters.items())]
+        data = [
+            {
+                "id": model,
+                "object": "model",
+                "created": self._created,
+                "owned_by": "tandem",
+                "root": root,
+                "parent": parent,
+            }
+            for model, root, parent in models
+        ]
+        return _encode_json({"object": "list", "data": data})
+
+    async def _adapter_change(self, request: Request, responder: Responder, load: bool) -> None:
+        """POST /v1/load_lora_adapter or /v1/unload_lora_adapter from a trusted client: sent to
+        every engine (`lora_admin.py`); the engines allow it only with runtime LoRA updating on."""
+        if request.method != "POST":
+            responder.send(405, error_body(405, "Method Not Allowed"), [("allow", "POST")])
+            return
+        if not self.trust.authorized(request):
+            self._unauthorized(responder)
+            return
+        if not self.trust.trusted(request):
+            responder.send(403, error_body(403, "loading adapters needs a trusted client"))
+            return
+        parsed = parse_adapter_request(request.body)
+        if parsed is None:
+            responder.send(400, error_body(400, "`lora_name` must be provided", "lora_name"))
+            return
+        name, adapter_path = parsed
+        engines = list(self.pool.engines.values())
+        answers = await send_to_engines(
+            engines,
+            self.state.upstreams,
+            LOAD_PATH if load else UNLOAD_PATH,
+            request.body,
+            self.config.timeouts.prefill_s,
+        )
+        record_answers(answers, load, name, adapter_path)
+        status, body = combined_answer(answers, load, name)
+        content_type = "text/plain; charset=utf-8" if status == 200 else "application/json"
+        responder.send(status, body, content_type=content_type)
 
     def _describe(self, engine: Engine) -> dict[str, object]:
         subscriber = self.subscribers.get(engine.id)
@@ -282,6 +331,14 @@ class RouterService:
             "waiting": engine.waiting,
             "running": engine.running,
             "kv_usage": engine.kv_usage,
+            "lora": None
+            if engine.lora is None
+            else {
+                "max_loras": engine.lora.max_loras,
+                "running": sorted(engine.lora.running),
+                "waiting": sorted(engine.lora.waiting),
+            },
+            "adapters": engine.adapters,
             "kv_events": engine.kv_events,
             "indexed_blocks": self.state.exact_index.size(engine.id),
             "history_blocks": self.state.approx_index.size(engine.id),

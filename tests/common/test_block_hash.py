@@ -139,3 +139,27 @@ def test_worked_example_none_hashes() -> None:
     assert BlockHasher("sha256_cbor", 16, "0").none_hash == BlockHasher(
         "sha256_cbor", 16, "0"
     ).digest("0")
+
+
+# Real vLLM 0.32 (CPU build, --prefix-caching-hash-algo sha256_cbor, PYTHONHASHSEED=0, block size
+# 32) published these hashes for token ids 10..73 served by the adapter `ad1` loaded from
+# --lora-modules ad1=/tmp/lora-probe/ad1, without and with cache_salt "s1", and for the base model
+# (docs/protocols.md, "LoRA adapters"; tests/realvllm/test_lora.py checks it live).
+LORA_TOKENS = list(range(10, 74))
+LORA_EVENTS = {
+    None: [18214826099119294338, 2739536498348528488],
+    ("ad1", None): [3560095595450583704, 2653347503815829869],
+    ("ad1", "s1"): [9024500218152536570, 410951834483119913],
+}
+
+
+def test_adapter_requests_hash_with_the_adapters_name_and_path() -> None:
+    hasher = BlockHasher("sha256_cbor", 32, "0")
+    lora = ("ad1", "/tmp/lora-probe/ad1")
+    assert hasher.block_hashes(LORA_TOKENS) == LORA_EVENTS[None]
+    assert hasher.block_hashes(LORA_TOKENS, lora=lora) == LORA_EVENTS[("ad1", None)]
+    assert hasher.block_hashes(LORA_TOKENS, "s1", lora) == LORA_EVENTS[("ad1", "s1")]
+    # the path is part of the key: the same name loaded from elsewhere is another adapter
+    assert (
+        hasher.block_hashes(LORA_TOKENS, lora=("ad1", "/elsewhere")) != LORA_EVENTS[("ad1", None)]
+    )

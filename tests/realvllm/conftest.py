@@ -15,13 +15,14 @@ import pytest
 from harness import VLLM_PYTHON, PDCluster, make_llama3_style_model, plan_tiny_cluster
 
 # Tests that kill engines run after those that share them; those that start engines of their own
-# (`tandem up`, the engine security context) stop the shared pair and run last.
+# (LoRA, `tandem up`, the engine security context) stop the shared pair and run last.
 MODULE_ORDER = [
     "test_pd",
     "test_parity",
     "test_replicas",
     "test_render",
     "test_failures",
+    "test_lora",
     "test_up",
     "test_engine_context",
 ]

@@ -355,11 +355,22 @@ class PDCluster:
     """The shared pair: engines started from the plan (restarted when a test killed one) and a
     router per test module's needs."""
 
+    # every pair of the session: a test that needs the machine's room for engines of its own
+    # stops the others (at most two vLLM engines at a time)
+    pairs: list[PDCluster] = []
+
     def __init__(self, plan: LocalPlan, run_dir: Path) -> None:
         self.plan = plan
         self.run_dir = run_dir
         self.prefill, self.decode = (EngineProcess(s, run_dir) for s in plan.engines)
         self.routers: list[Router] = []
+        PDCluster.pairs.append(self)
+
+    def stop_others(self) -> None:
+        """Stops every other pair of the session (a stopped pair restarts on its next use)."""
+        for pair in PDCluster.pairs:
+            if pair is not self:
+                pair.stop()
 
     def ensure_engines(self, *needed: EngineProcess) -> None:
         """The `needed` engines (default both) healthy; a killed one is started again on its own

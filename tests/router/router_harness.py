@@ -67,6 +67,7 @@ class Engine(Proc):
         speedup: float = 20.0,
         extra: list[str] | None = None,
         kv_events: bool = False,
+        extra_env: dict[str, str] | None = None,
     ):
         port = free_port()
         args = [
@@ -82,7 +83,7 @@ class Engine(Proc):
             "warning",
             *(extra or []),
         ]
-        env = {"PYTHONHASHSEED": "0"}
+        env = {"PYTHONHASHSEED": "0", **(extra_env or {})}
         if role is not None:
             args += [
                 "--kv-transfer-config",

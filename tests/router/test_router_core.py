@@ -13,7 +13,7 @@ from tandem_process import GOLDEN
 from tandem.common.block_hash import BlockHasher
 from tandem.common.routing import DisaggregationConfig, ScoringConfig
 from tandem.router.admission import Admission, QueueFull, parse_priority, retry_after_seconds
-from tandem.router.blocks import block_keys, salted_parent
+from tandem.router.blocks import block_keys, chain_seed
 from tandem.router.decision import Route, decide_route
 from tandem.router.engines import Engine
 from tandem.router.features import Featurizer
@@ -65,7 +65,7 @@ def test_block_keys_are_prefix_stable_and_salted() -> None:
     b = block_keys(list(range(32)) + [7] * 16, 16)
     assert len(a) == 2
     assert a[:2] == b[:2]
-    assert block_keys(list(range(16)), 16, salted_parent("s"))[0] != a[0]
+    assert block_keys(list(range(16)), 16, chain_seed("s"))[0] != a[0]
     assert block_keys(list(range(32)), 16)[1] == block_keys(list(range(16, 32)), 16, a[0])[0]
 
 
@@ -104,7 +104,7 @@ def test_golden_events_land_on_request_keys() -> None:
     salted = json.loads(
         (GOLDEN / "kv_events/sha256_cbor/requests.jsonl").read_text().splitlines()[2]
     )
-    salted_keys = block_keys(salted["request"]["prompt"], 32, salted_parent("salt-1"))
+    salted_keys = block_keys(salted["request"]["prompt"], 32, chain_seed("salt-1"))
     assert index.match(salted_keys, ["e"])["e"] >= 1
 
 
