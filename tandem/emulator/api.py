@@ -29,6 +29,7 @@ from tandem.emulator.responses import (
     model_list,
     stream_error_event,
 )
+from tandem.emulator.sleep_api import SleepEndpoints
 from tandem.emulator.validation import Generation, RequestValidator, json_body
 
 log = logging.getLogger("tandem.emulator.api")
@@ -69,6 +70,8 @@ class OpenAIServer:
         r.add_post("/v1/completions", self.completions)
         r.add_post("/v1/chat/completions", self.chat_completions)
         r.add_post("/reset_prefix_cache", self.reset_prefix_cache)
+        if self.dev_mode:
+            SleepEndpoints(self.engine).add_routes(r)
         r.add_get("/emulator/stats", self.emulator_stats)
         return app
 
