@@ -250,9 +250,9 @@ KvCacheDtype = Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16"]
 class GPUSharingSpec(_Model):
     """Engines that share each GPU with another engine, each with part of its memory.
 
-    Measured (docs/findings.md, "Models that share GPUs"): two models' engines on one GPU hold
-    half the GPU-seconds of one GPU each, and cost TTFT and TPOT as their steps take turns; it
-    pays while both models together keep a GPU busy well under half the time.
+    Measured (docs/findings.md, section 8): two models' engines on one GPU hold half the
+    GPU-seconds of a GPU each and pay in TTFT and TPOT as their steps take turns; it pays while
+    both models together keep one GPU busy well under half the time, and overloads beyond.
     """
 
     enabled: bool = False
