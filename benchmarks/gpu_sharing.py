@@ -28,8 +28,8 @@ simulated step time), and for sleep mode the switches and the time spent switchi
 run at `--speedup` of the H200's pace and every figure is converted back to emulated time.
 
     .venv/bin/python benchmarks/gpu_sharing.py \\
-        --code-trace ../shared/traces/azure_llm_2023_code.csv \\
-        --chat-trace ../shared/traces/mooncake_conversation_trace.jsonl \\
+        --code-trace /path/to/azure_llm_2023_code.csv \\
+        --chat-trace /path/to/mooncake_conversation_trace.jsonl \\
         --json docs/records/gpu-sharing-X.json
 """
 
