@@ -30,6 +30,7 @@ from tandem.emulator.responses import (
     stream_error_event,
     with_permission,
 )
+from tandem.emulator.sleep_api import SleepEndpoints
 from tandem.emulator.validation import Generation, RequestValidator, json_body
 
 log = logging.getLogger("tandem.emulator.api")
@@ -79,6 +80,8 @@ class OpenAIServer:
         if self.lora is not None and self.lora.config.runtime_updates:
             r.add_post("/v1/load_lora_adapter", self.load_lora_adapter)
             r.add_post("/v1/unload_lora_adapter", self.unload_lora_adapter)
+        if self.dev_mode:
+            SleepEndpoints(self.engine).add_routes(r)
         r.add_get("/emulator/stats", self.emulator_stats)
         return app
 

@@ -39,7 +39,6 @@ VLLM_BOOLEAN_FLAGS = {
     "--enable-expert-parallel",
     "--skip-tokenizer-init",
     "--disable-uvicorn-access-log",
-    "--enable-sleep-mode",
     "--headless",
     "--enable-log-outputs",
     "--return-tokens-as-token-ids",
@@ -99,6 +98,11 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--api-key", default=None)
     v.add_argument("--enable-server-load-tracking", action="store_true")
     v.add_argument("--enable-request-id-headers", action="store_true")
+    v.add_argument(
+        "--enable-sleep-mode",
+        action="store_true",
+        help="/sleep, /wake_up, /is_sleeping (with VLLM_SERVER_DEV_MODE=1), as vLLM on a GPU",
+    )
     e = p.add_argument_group("emulator options")
     e.add_argument(
         "--timing-profile",
@@ -143,6 +147,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.1,
         help="with --batching static: seconds an idle engine waits for a fuller batch after the "
         "first request arrives (the dynamic batchers' max queue delay; default 0.1)",
+    )
+    e.add_argument(
+        "--shared-gpu",
+        metavar="LOCK_FILE",
+        default=None,
+        help="engines given the same lock file emulate one GPU: their steps take turns, as "
+        "CUDA time-slices two processes' kernels without MPS",
     )
     e.add_argument("--startup-delay", type=float, default=0.0, help="seconds before the port opens")
     e.add_argument(
@@ -287,6 +298,7 @@ def parse_args(argv: list[str]) -> tuple[EngineConfig, list[str], str]:
         api_key=ns.api_key or os.environ.get("VLLM_API_KEY") or None,
         enable_server_load_tracking=ns.enable_server_load_tracking,
         enable_request_id_headers=ns.enable_request_id_headers,
+        enable_sleep_mode=ns.enable_sleep_mode,
         timing_profile=ns.timing_profile,
         speedup=ns.speedup,
         kv_events_bind_host=ns.kv_events_bind_host,
@@ -295,6 +307,7 @@ def parse_args(argv: list[str]) -> tuple[EngineConfig, list[str], str]:
         spec_acceptance_rate=ns.spec_acceptance_rate,
         batching=ns.batching,
         static_batch_wait_s=ns.static_batch_wait,
+        shared_gpu=ns.shared_gpu,
         faults=Faults(
             startup_delay_s=ns.startup_delay,
             error_rate=ns.error_rate,

@@ -103,6 +103,7 @@ class EngineConfig(BaseModel):
     api_key: str | None = None
     enable_server_load_tracking: bool = False
     enable_request_id_headers: bool = False
+    enable_sleep_mode: bool = False
     # emulator options
     timing_profile: str | None = None
     speedup: float = Field(1.0, gt=0)
@@ -113,6 +114,8 @@ class EngineConfig(BaseModel):
     spec_acceptance_rate: float = Field(0.7, ge=0, le=1)
     batching: Literal["continuous", "static"] = "continuous"
     static_batch_wait_s: float = Field(0.1, ge=0)
+    # engines given the same lock file share one emulated GPU's compute (gpu_share.SharedGPU)
+    shared_gpu: str | None = None
     faults: Faults = Field(default_factory=Faults)
 
     @property

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from tandem.common.block_hash import hash_function, none_hash
 from tandem.emulator.config import EngineConfig
+from tandem.emulator.gpu_share import SharedGPU
 from tandem.emulator.kv_cache import KVCacheManager
 from tandem.emulator.kv_events import KVEventPublisher
 from tandem.emulator.lora import Adapter, LoraAdapters
@@ -21,6 +22,7 @@ from tandem.emulator.metrics import EmulatedGPU, EngineMetrics, SpecDecodeCounte
 from tandem.emulator.profile import TimingProfile
 from tandem.emulator.request import EngineRequest, FinishReason, Status
 from tandem.emulator.scheduler import Batch, Scheduler
+from tandem.emulator.sleep import SleepMode
 from tandem.emulator.tokenizer import PromptTokenizer
 
 if TYPE_CHECKING:
@@ -39,6 +41,7 @@ class StepStats:
     simulated_s: float = 0.0  # sum of profile step times (before the speed-up)
     tokens: int = 0
     max_batch: int = 0
+    shared_gpu_wait_s: float = 0.0  # waiting for other engines' steps on a shared GPU
 
     def as_dict(self) -> dict[str, Any]:
         ratio = self.scheduler_cpu_s / self.simulated_s if self.simulated_s else 0.0
@@ -117,7 +120,10 @@ class EmulatedEngine:
         self.speedup = config.speedup
         self.faults = config.faults
         self._fault_rng = random.Random(config.faults.seed)
+        self.sleep_mode = SleepMode(self)
+        self.shared_gpu = SharedGPU(config.shared_gpu) if config.shared_gpu else None
         self._wake = asyncio.Event()
+        self.idle = asyncio.Event()  # set each time the loop runs out of work
         self._task: asyncio.Task[None] | None = None
         self.dead = False
         self.num_finished = 0
@@ -169,6 +175,8 @@ class EmulatedEngine:
             await self.connector.stop()
         if self.publisher is not None:
             await self.publisher.close()
+        if self.shared_gpu is not None:
+            self.shared_gpu.close()
 
     # ------------------------------------------------------------------ requests
     def new_request(
@@ -211,7 +219,10 @@ class EmulatedEngine:
         return request
 
     def add_request(self, request: EngineRequest) -> None:
-        self.scheduler.add(request)
+        if self.sleep_mode.holds_new:
+            self.sleep_mode.hold(request)
+        else:
+            self.scheduler.add(request)
         m = self.metrics
         m.request_params_n.observe(1)
         m.request_params_max_tokens.observe(request.max_tokens)
@@ -308,10 +319,19 @@ class EmulatedEngine:
                 and self._fault_rng.random() < faults.slow_token_probability
             ):
                 step_s += faults.slow_token_delay_s
+            if self.shared_gpu is not None:
+                waited = loop.time()
+                await self.shared_gpu.acquire()
+                stats.shared_gpu_wait_s += loop.time() - waited
+                start = max(start, loop.time())
             deadline = start + step_s / speedup
             gpu.step(start, deadline, self.kv.num_used_blocks(), batch.total_tokens)
             delay = deadline - loop.time()
-            await asyncio.sleep(delay if delay > 0 else 0)
+            try:
+                await asyncio.sleep(delay if delay > 0 else 0)
+            finally:
+                if self.shared_gpu is not None:
+                    self.shared_gpu.release()
             cpu1 = cpu()
             produced = self._finish_step(batch, max(deadline, start))
             cpu2 = cpu()
@@ -340,11 +360,14 @@ class EmulatedEngine:
         """Nothing to compute: flush events and gauges, then sleep until a request arrives."""
         self._publish_events()
         self._refresh_gauges()
+        self.idle.set()
         self._wake.clear()
         await self._wake.wait()
 
     def _can_step(self) -> bool:
         scheduler = self.scheduler
+        if not self.sleep_mode.can_schedule:
+            return False
         if scheduler.running:
             return True
         return any(

@@ -141,6 +141,7 @@ class EmulatedGPU:
         self.window_s = window_s
         self.clock = clock  # the engine loop's clock, which stamps the steps
         self.kv_blocks_in_use = 0
+        self.weights_resident = True  # False while the engine sleeps (vLLM's sleep mode)
         self.steps: deque[tuple[float, float, int]] = deque()  # (start, end, tokens)
 
     def step(self, start: float, end: float, kv_blocks_in_use: int, tokens: int) -> None:
@@ -165,7 +166,7 @@ class EmulatedGPU:
         activations = m.activation_bytes_per_token * in_flight[2] if in_flight else 0
         return (
             m.non_torch_bytes
-            + m.weights_bytes
+            + (m.weights_bytes if self.weights_resident else 0)
             + self.kv_blocks_in_use * self.kv_block_bytes
             + activations
         )
@@ -225,6 +226,7 @@ class EngineMetrics:
         self.kv_fetch_completed_waiting = 0
         self.kv_cache_usage = 0.0
         self.lora: LoraAdapters | None = None  # vllm:lora_requests_info with --enable-lora
+        self.sleep_state = {"awake": 1.0, "weights_offloaded": 0.0, "discard_all": 0.0}
         # counters
         c = Counter
         self.prefix_cache_queries, self.prefix_cache_hits = c(), c()
@@ -389,7 +391,7 @@ class EngineMetrics:
         yield self._labeled_gauge(
             "vllm:engine_sleep_state",
             "sleep_state",
-            {"awake": 1.0, "weights_offloaded": 0.0, "discard_all": 0.0},
+            self.sleep_state,
         )
         yield self._gauge("vllm:kv_cache_usage_perc", self.kv_cache_usage)
         if self.lora is not None:

@@ -139,6 +139,41 @@ class GPUMemory(BaseModel):
     reference_max_num_batched_tokens: int = Field(8192, ge=1)
 
 
+class SleepTiming(BaseModel):
+    """What vLLM's sleep mode costs on this GPU (measured by benchmarks/h200_wake.py).
+
+    sleep, level 1 = unmap_s + weights / pin_bytes_per_s + weights / offload_bytes_per_s
+                     (a fresh pinned CPU buffer per sleep, then a device-to-host copy)
+    sleep, level 2 = unmap_s                             (nothing is kept)
+    wake, weights  = map_s + weights / wake_bytes_per_s  (host-to-device from the pinned copy)
+                     or, after level 2, map_s + weights / reload_bytes_per_s
+    wake, KV cache = map_s                               (fresh physical memory, contents lost)
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    pin_bytes_per_s: float = Field(1.58e9, gt=0)
+    offload_bytes_per_s: float = Field(5.52e10, gt=0)
+    wake_bytes_per_s: float = Field(5.54e10, gt=0)
+    reload_bytes_per_s: float = Field(7.1e9, gt=0)
+    map_s: float = Field(0.0087, ge=0)
+    unmap_s: float = Field(0.061, ge=0)
+
+    def sleep_seconds(self, level: int, weights_bytes: int) -> float:
+        if level <= 0:
+            return 0.0
+        if level == 1:
+            return (
+                self.unmap_s
+                + weights_bytes / self.pin_bytes_per_s
+                + weights_bytes / self.offload_bytes_per_s
+            )
+        return self.unmap_s
+
+    def wake_weights_seconds(self, level: int, weights_bytes: int) -> float:
+        rate = self.wake_bytes_per_s if level == 1 else self.reload_bytes_per_s
+        return self.map_s + weights_bytes / rate
+
+
 class TimingProfile(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str
@@ -149,6 +184,7 @@ class TimingProfile(BaseModel):
     capacity: Capacity = Capacity()
     speculative: SpeculativeTiming = SpeculativeTiming()
     memory: GPUMemory | None = None  # None: capacity stays num_gpu_blocks whatever the settings
+    sleep: SleepTiming = SleepTiming()
 
     def gpu_memory(self) -> GPUMemory:
         """The memory model (an H200 with 8B bf16 weights when the profile gives none)."""

@@ -289,6 +289,13 @@ class Scheduler:
         else:
             batch.prefill_chunks.append((num_new, computed))
 
+    def preempt_all(self) -> None:
+        """Give back every running request's blocks; they are recomputed when next scheduled."""
+        batch = Batch()
+        for request in reversed(self.running):
+            self._preempt(request, batch)
+        self.running.clear()
+
     def _preempt(self, request: EngineRequest, batch: Batch) -> None:
         self.kv.free(request)
         request.status = Status.PREEMPTED

@@ -249,6 +249,27 @@ Quantization = Literal[
 KvCacheDtype = Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16"]
 
 
+class GPUSharingSpec(_Model):
+    """Engines that share each GPU with another engine, each with part of its memory.
+
+    Measured (docs/findings.md, section 8): two models' engines on one GPU hold half the
+    GPU-seconds of a GPU each and pay in TTFT and TPOT as their steps take turns; it pays while
+    both models together keep one GPU busy well under half the time, and overloads beyond.
+    """
+
+    enabled: bool = False
+    """Ask for a slice of a GPU instead of a whole one, and take memoryFraction of its memory."""
+    resource_name: str = Field(
+        "nvidia.com/gpu.shared", alias="resourceName", pattern=r"^[a-z0-9.-]+/[a-zA-Z0-9._-]+$"
+    )
+    """The extended resource of a GPU slice: the NVIDIA device plugin's time-slicing or MPS
+    sharing with renameByDefault advertises nvidia.com/gpu.shared, `replicas` per GPU."""
+    memory_fraction: float = Field(0.45, gt=0, lt=1, alias="memoryFraction")
+    """--gpu-memory-utilization of each engine (pools' gpuMemoryUtilization still wins): the
+    fractions of the engines on one GPU must add up to less than 1, since vLLM checks the free
+    memory at start; 0.45 suits two engines per GPU."""
+
+
 class EngineSpec(_Model):
     """vLLM settings shared by both pools; pools override image, args, env and batching."""
 
@@ -283,6 +304,8 @@ class EngineSpec(_Model):
     """Fraction of GPU memory vLLM may use for weights, activations and KV cache."""
     enforce_eager: bool = Field(False, alias="enforceEager")
     """Disable CUDA graphs (faster start, slower steps)."""
+    gpu_sharing: GPUSharingSpec | None = Field(None, alias="gpuSharing")
+    """Share each GPU with another engine (split memory); off when unset."""
     shm_size: Quantity = Field("8Gi", alias="shmSize")
     """Size of the memory-backed /dev/shm volume (NCCL and tensor-parallel workers need it)."""
     probes: Probes = Field(default_factory=Probes)

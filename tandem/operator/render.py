@@ -24,6 +24,7 @@ from tandem.operator.api import (
     Toleration,
     pool_replicas,
 )
+from tandem.operator.gpu_sharing import WHOLE_GPU, gpu_memory_utilization, gpu_resource
 from tandem.operator.lora_render import lora_args, lora_env
 from tandem.operator.tokenizer import engine_chat_template, router_tokenizer, tokenizer_pod_parts
 from tandem.router.config import (
@@ -195,7 +196,7 @@ def vllm_args(sc: ServingCluster, role: Role, ports: EnginePorts = POD_PORTS) ->
         "--prefix-caching-hash-algo", engine.hash_algo,
         "--kv-events-config", _compact_json(kv_events_config(ports)),
         "--max-num-batched-tokens", str(pool.max_num_batched_tokens),
-        "--gpu-memory-utilization", str(pool.gpu_memory_utilization or engine.gpu_memory_utilization),
+        "--gpu-memory-utilization", str(gpu_memory_utilization(engine, pool)),
     ]  # fmt: skip
     if disaggregated(sc):
         args += ["--kv-transfer-config", _compact_json(kv_transfer_config(sc, role))]
@@ -314,8 +315,9 @@ def engine_probes(probes: Probes) -> dict[str, dict[str, Any]]:
     }
 
 
-def engine_resources(pool: PoolSpec) -> dict[str, Any]:
-    """The pool's resources, or one GPU per tensor-parallel rank with room for an 8B model's host side."""
+def engine_resources(pool: PoolSpec, gpu: str = WHOLE_GPU) -> dict[str, Any]:
+    """The pool's resources, or one `gpu` (a GPU or a slice of one) per tensor-parallel rank with
+    room for an 8B model's host side."""
     if pool.resources is not None:
         return pool.resources.model_dump(by_alias=True)
     return {
@@ -323,7 +325,7 @@ def engine_resources(pool: PoolSpec) -> dict[str, Any]:
             "cpu": str(4 * pool.tensor_parallel_size),
             "memory": f"{32 * pool.tensor_parallel_size}Gi",
         },
-        "limits": {"nvidia.com/gpu": str(pool.tensor_parallel_size)},
+        "limits": {gpu: str(pool.tensor_parallel_size)},
     }
 
 
@@ -404,7 +406,7 @@ def engine_deployment(sc: ServingCluster, role: Role) -> dict[str, Any]:
         "args": vllm_args(sc, role),
         "env": vllm_env(sc, role),
         "ports": engine_ports(),
-        "resources": engine_resources(pool),
+        "resources": engine_resources(pool, gpu_resource(engine)),
         "volumeMounts": mounts,
         # A crashed engine's last log lines become the container's termination message.
         "terminationMessagePolicy": "FallbackToLogsOnError",
