@@ -12,6 +12,11 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "bench": ("tandem.bench.main", "main", "measure an OpenAI-compatible endpoint"),
     "operator": ("tandem.operator.main", "main", "run the Kubernetes operator"),
     "router": ("tandem.router.main", "main", "run the KV-aware prefill/decode router"),
+    "relay": (
+        "tandem.router.epp.pd_relay",
+        "main",
+        "run the P/D relay beside a decode engine (EPP)",
+    ),
     "emulate": ("tandem.emulator.main", "main", "run one vLLM-compatible engine emulator"),
     "render": ("tandem.operator.cli", "render_main", "print the Kubernetes objects of a manifest"),
     "crd": ("tandem.operator.cli", "crd_main", "print the ServingCluster CustomResourceDefinition"),

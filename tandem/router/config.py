@@ -20,6 +20,7 @@ from tandem.common.routing import (
     ScoringConfig,
     TimeoutConfig,
 )
+from tandem.router.epp.config import EppConfig
 
 
 class _Strict(BaseModel):
@@ -150,6 +151,8 @@ class RouterConfig(_Strict):
     log_level: str = Field("info", alias="logLevel")
     api_keys: list[str] = Field(default_factory=list, alias="apiKeys")
     auth: AuthConfig = Field(default_factory=AuthConfig)
+    # The endpoint picker of a Gateway API inference gateway (Envoy ext_proc); off when None.
+    epp: EppConfig | None = None
 
     @model_validator(mode="after")
     def _one_discovery(self) -> RouterConfig:
