@@ -73,7 +73,10 @@ class Envoy:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"envoy exited: {self.output()}")
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"http://127.0.0.1:{self.admin_port}/ready", timeout=1).status_code == 200:
+                if (
+                    httpx.get(f"http://127.0.0.1:{self.admin_port}/ready", timeout=1).status_code
+                    == 200
+                ):
                     return
             time.sleep(0.1)
         raise TimeoutError(f"envoy not ready after {timeout} s: {self.output()}")
@@ -95,7 +98,9 @@ class PickerRouter(Router):
 
     def __init__(self, args: list[str], relays: dict[str, str] | None = None) -> None:
         self.epp_port = free_port()
-        relay_args = [f"--epp-relay={e}={hostport(r)[0]}:{hostport(r)[1]}" for e, r in (relays or {}).items()]
+        relay_args = [
+            f"--epp-relay={e}={hostport(r)[0]}:{hostport(r)[1]}" for e, r in (relays or {}).items()
+        ]
         super().__init__([*args, "--epp-port", str(self.epp_port), *relay_args])
 
 
