@@ -10,9 +10,8 @@ from collections.abc import Iterator
 import httpx
 import openai
 import pytest
-from epp.epp_harness import Envoy, PickerRouter, Relay
+from epp.epp_harness import Envoy, PickerRouter
 from router.router_harness import (
-    DEBUG,
     LONG,
     Engine,
     Router,

@@ -110,7 +110,7 @@ def immediate(
     head = {"content-type": "application/json", **(headers or {})}
     return ext_proc.ProcessingResponse(
         immediate_response=ext_proc.ImmediateResponse(
-            status=http_status_pb2.HttpStatus(code=status),  # type: ignore[arg-type]
+            status=http_status_pb2.HttpStatus(code=status),
             headers=_mutation(head.items(), ()),
             body=body,
             details=details,
