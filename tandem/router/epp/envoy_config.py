@@ -47,12 +47,16 @@ def gateway_config(
     host: str = "127.0.0.1",
     message_timeout_s: float = 60.0,
     max_requests: int = 40000,
+    response_bodies: bool = True,
 ) -> dict[str, Any]:
     """The bootstrap of an Envoy listening on host:`port` (admin on `admin_port`), asking the
     picker at `picker` (host, port) for every request. `fail_open` needs `pool`.
 
     `message_timeout_s` bounds each wait for the picker's answer (admission queueing included),
     so a picker that stops answering fails its requests instead of holding them.
+    `response_bodies` False sends the picker the response headers only (the response body and
+    trailers pass it by): fewer gRPC messages per request; the picker then closes a request's
+    bookkeeping when Envoy ends its ext_proc stream.
     """
     if fail_open and not pool:
         raise ValueError("fail_open needs the pool's endpoints to fall back on")
@@ -122,9 +126,9 @@ def gateway_config(
             "request_header_mode": "SEND",
             "response_header_mode": "SEND",
             "request_body_mode": "FULL_DUPLEX_STREAMED",
-            "response_body_mode": "FULL_DUPLEX_STREAMED",
+            "response_body_mode": "FULL_DUPLEX_STREAMED" if response_bodies else "NONE",
             "request_trailer_mode": "SEND",
-            "response_trailer_mode": "SEND",
+            "response_trailer_mode": "SEND" if response_bodies else "SKIP",
         },
         "message_timeout": timeout,
     }
