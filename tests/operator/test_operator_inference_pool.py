@@ -12,7 +12,8 @@ import kubernetes_validate
 import pytest
 import yaml
 from netpol_eval import Endpoint, reachable
-from sc_manifests import cluster
+from sc_manifests import cluster, minimal
+from test_operator_handlers import Events, FakeKube, run
 
 from tandem.operator.api import ServingCluster
 from tandem.operator.render import network_policies, render, router_config
@@ -145,3 +146,30 @@ def test_network_rules_let_the_gateway_in_and_the_relay_out() -> None:
     assert not reachable(policies, client, decode, 8001, namespaces=spaces)
     assert not reachable(policies, gateway, prefill, 8000, namespaces=spaces)
     assert reachable(policies, decode, prefill, 8000, namespaces=spaces)  # the relay's prefill
+
+
+class WithoutInferencePools(FakeKube):
+    """An API server where the GIE CRD is not installed."""
+
+    def serves(self, api_version: str, kind: str) -> bool:
+        return not api_version.startswith("inference.networking.k8s.io/")
+
+
+def test_operator_applies_and_prunes_the_pool() -> None:
+    kube, events = FakeKube(), Events()
+    body = kube.add_cluster(minimal(inferencePool={"enabled": True}))
+    run(kube, events)
+    assert {("InferencePool", "m"), ("Service", "m-epp")} <= kube.kinds()
+    body["spec"] = {**body["spec"], "inferencePool": {"enabled": False}}
+    body["metadata"]["generation"] = 2
+    run(kube, events)
+    assert not {("InferencePool", "m"), ("Service", "m-epp")} & kube.kinds()
+
+
+def test_pool_skipped_where_its_api_is_not_served() -> None:
+    kube, events = WithoutInferencePools(), Events()
+    kube.add_cluster(minimal(inferencePool={"enabled": True}))
+    run(kube, events)
+    kinds = kube.kinds()
+    assert ("InferencePool", "m") not in kinds
+    assert ("Service", "m-epp") in kinds  # the picker still serves a gateway configured by hand
