@@ -176,3 +176,31 @@ def test_no_healthy_engine_is_a_503_from_the_picker() -> None:
                 assert response.headers["retry-after"] == "2"
             finally:
                 envoy.stop()
+
+
+def test_predictive_policy_learns_from_gateway_traffic(workers: list[Engine]) -> None:
+    """Under `predictive` the picker records each request in the predictor, as the router does:
+    streamed answers through Envoy teach it TTFT and output length (its error histograms)."""
+    router = PickerRouter(
+        ["--policy", "predictive", *[a for e in workers for a in ("--worker", e.url)]]
+    )
+    with running(router):
+        envoy = Envoy(router.epp_port)
+        try:
+            envoy.wait_ready()
+            client = openai.OpenAI(base_url=envoy.url + "/v1", api_key="unused", max_retries=0)
+            for i in range(4):
+                stream = client.completions.create(
+                    model="tiny", prompt=f"{LONG} {i}", max_tokens=6, stream=True
+                )
+                assert len([c for c in stream if c.choices and c.choices[0].text]) == 6
+            text = metrics(router.url)
+            for quantity in ("ttft", "output_tokens"):
+                count = metric(
+                    text, "tandem_router_prediction_error_ratio_count", quantity=quantity
+                )
+                assert count == 4, quantity
+            engines = httpx.get(router.url + "/engines", timeout=5).json()
+            assert [e["in_flight"] for e in engines] == [0, 0, 0]
+        finally:
+            envoy.stop()

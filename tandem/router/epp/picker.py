@@ -35,7 +35,9 @@ from tandem.router.engines import Engine
 from tandem.router.epp import protocol
 from tandem.router.errors import error_body
 from tandem.router.httpserver import Request
+from tandem.router.predict.predictor import Ticket
 from tandem.router.proxy import CompletionProxy
+from tandem.router.relay import completion_tokens, output_events
 from tandem.router.trust import ClientTrust
 from tandem.router.validation import InvalidRequest, parse_body
 
@@ -61,8 +63,15 @@ class Placed:
     endpoint: str  # ip:port the gateway sends it to
     decode: Engine
     prefill: Engine | None
+    # the `predictive` policy's record of the request, and what its answer shows
+    ticket: Ticket | None = None
+    chat: bool = False
+    body: dict[str, Any] = field(default_factory=dict)
     started: float = field(default_factory=time.perf_counter)
-    first_byte: bool = False
+    first_byte: float | None = None
+    last_event: float | None = None
+    events: int = 0  # stream events of the answer
+    tail: bytes = b""  # its last chunk (a whole answer's usage)
 
 
 class EndpointPicker(ext_proc_grpc.ExternalProcessorServicer):  # type: ignore[misc]
@@ -113,8 +122,6 @@ class EndpointPicker(ext_proc_grpc.ExternalProcessorServicer):  # type: ignore[m
                 elif kind == "request_trailers":
                     yield protocol.trailers(request=True)
                 elif kind == "response_headers":
-                    if placed is not None:
-                        self._first_byte(placed)
                     yield protocol.response_headers()
                     if message.response_headers.end_of_stream and placed is not None:
                         self._finish(placed)
@@ -122,6 +129,8 @@ class EndpointPicker(ext_proc_grpc.ExternalProcessorServicer):  # type: ignore[m
                 elif kind == "response_body":
                     part = message.response_body
                     yield protocol.body_chunk(part.body, part.end_of_stream, request=False)
+                    if placed is not None and part.body:
+                        self._answered(placed, part.body)
                     if part.end_of_stream and placed is not None:
                         self._finish(placed)
                         placed = None
@@ -246,7 +255,7 @@ class EndpointPicker(ext_proc_grpc.ExternalProcessorServicer):  # type: ignore[m
         proxy = self.proxy
         target = proxy.slo_target(request, priority, trusted)
         features = await proxy.features(body, chat)
-        plan, index_name, _ = proxy.plan(body, chat, request.headers, features, target)
+        plan, index_name, predictive = proxy.plan(body, chat, request.headers, features, target)
         if plan is not None and subset is not None:
             plan = self._within(plan, subset)
         if plan is None:
@@ -273,7 +282,18 @@ class EndpointPicker(ext_proc_grpc.ExternalProcessorServicer):  # type: ignore[m
             if engine is not None:
                 engine.in_flight += 1
                 engine.pending += 1
-        return Placed(endpoint, decode, prefill)
+        ticket = None
+        if plan.placement is not None and predictive is not None:
+            ticket = predictive.predictor.ticket(
+                plan.placement,
+                features.prompt_tokens,
+                predictive.output,
+                predictive.keys,
+                predictive.target,
+                body.get("stream") is True,
+                predictive.now,
+            )
+        return Placed(endpoint, decode, prefill, ticket, chat, body)
 
     def _within(self, plan: RoutePlan, subset: frozenset[str]) -> RoutePlan | None:
         """The plan with its decode ranking cut to the data plane's subset; None if none is left."""
@@ -285,11 +305,22 @@ class EndpointPicker(ext_proc_grpc.ExternalProcessorServicer):  # type: ignore[m
     # -- bookkeeping -------------------------------------------------------------------------
 
     @staticmethod
-    def _first_byte(placed: Placed) -> None:
-        """The response head came back: the prefill is done and the decode engine answered."""
-        if placed.first_byte:
-            return
-        placed.first_byte = True
+    def _answered(placed: Placed, chunk: bytes) -> None:
+        """A body chunk of the answer: the first is the decode engine's first byte (the prefill
+        is over, as the router counts it); stream events are counted for the predictor."""
+        now = time.perf_counter()
+        if placed.first_byte is None:
+            placed.first_byte = now
+            EndpointPicker._release_prefill(placed)
+            if placed.ticket is not None:
+                placed.ticket.prefilled(placed.prefill is not None, None)
+                placed.ticket.first_byte(placed.decode, now, placed.started, None)
+        placed.last_event = now
+        placed.events += chunk.count(b"data:")
+        placed.tail = chunk
+
+    @staticmethod
+    def _release_prefill(placed: Placed) -> None:
         placed.decode.pending -= 1
         if placed.prefill is not None:
             placed.prefill.pending -= 1
@@ -297,8 +328,21 @@ class EndpointPicker(ext_proc_grpc.ExternalProcessorServicer):  # type: ignore[m
 
     def _finish(self, placed: Placed) -> None:
         """The request ended (its response, or its stream): its engines and slot are free."""
-        self._first_byte(placed)
+        if placed.first_byte is None:
+            self._release_prefill(placed)
+        if placed.ticket is not None:
+            placed.ticket.finished(_output_tokens(placed), placed.last_event)
         placed.decode.in_flight -= 1
         admission = self.state.admission
         admission.release()
         admission.observe_service_time(time.perf_counter() - placed.started)
+
+
+def _output_tokens(placed: Placed) -> int | None:
+    """The answer's output tokens as the router reads them: stream events, or a whole answer's
+    usage; None when nothing came back."""
+    if placed.first_byte is None:
+        return None
+    if placed.body.get("stream") is True:
+        return output_events(placed.chat, placed.body, placed.events)
+    return completion_tokens(placed.tail)
