@@ -140,3 +140,11 @@ def test_grpc_health(picker: tuple[PickerRouter, list[Engine]], service: str) ->
             health_pb2.HealthCheckRequest(service=service), timeout=10
         )
     assert answer.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_body_over_the_routers_limit_is_a_413(picker: tuple[PickerRouter, list[Engine]]) -> None:
+    router, _ = picker
+    chunk = b"x" * (3 << 20)  # three of them pass the default 8 MiB maxBodyBytes
+    answers = exchange(router.epp_port, [
+        headers_message("/v1/completions", False), *(body_message(chunk, False) for _ in range(3))])  # fmt: skip
+    assert [a.immediate_response.status.code for a in answers] == [413]

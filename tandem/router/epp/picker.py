@@ -102,6 +102,7 @@ class EndpointPicker(ext_proc_grpc.ExternalProcessorServicer):  # type: ignore[m
         headers: dict[str, str] = {}
         subset: frozenset[str] | None = None
         chunks: list[bytes] = []
+        size = 0
         placed: Placed | None = None
         try:
             async for message in requests:
@@ -110,10 +111,14 @@ class EndpointPicker(ext_proc_grpc.ExternalProcessorServicer):  # type: ignore[m
                     headers = protocol.header_map(message.request_headers)
                     subset = protocol.subset_of(message.metadata_context)
                     if message.request_headers.end_of_stream:
-                        answer, placed = self._plain(headers, subset)
-                        yield answer
+                        yield self._plain(subset)
                 elif kind == "request_body":
                     chunks.append(message.request_body.body)
+                    size += len(message.request_body.body)
+                    if size > self.config.admission.max_body_bytes:
+                        self.metrics.child(self.metrics.rejected, "too_large").inc()
+                        yield protocol.immediate(413, error_body(413, "request body too large"))
+                        return
                     if message.request_body.end_of_stream:
                         body = b"".join(chunks)
                         answers, placed = await self._pick(headers, subset, body)
@@ -145,17 +150,15 @@ class EndpointPicker(ext_proc_grpc.ExternalProcessorServicer):  # type: ignore[m
 
     # -- picking -----------------------------------------------------------------------------
 
-    def _plain(
-        self, headers: dict[str, str], subset: frozenset[str] | None
-    ) -> tuple[ext_proc.ProcessingResponse, Placed | None]:
-        """A request without a body (GET /v1/models, /health): the least loaded decode engine."""
+    def _plain(self, subset: frozenset[str] | None) -> ext_proc.ProcessingResponse:
+        """Anything but a completion (GET /v1/models, /health): the least loaded decode engine."""
         engines = self._allowed(self.state.pool.candidates("decode"), subset)
         if not engines:
-            return self._unavailable(), None
+            return self._unavailable()
         running = self.config.scoring.running_weight
         engine = min(engines, key=lambda e: e.load(running))
         endpoint, _ = self.destination(engine)
-        return protocol.destination_response(endpoint, remove=_CLIENT_SET_HEADERS), None
+        return protocol.destination_response(endpoint, remove=_CLIENT_SET_HEADERS)
 
     def _allowed(self, engines: list[Engine], subset: frozenset[str] | None) -> list[Engine]:
         if subset is None:
@@ -175,10 +178,10 @@ class EndpointPicker(ext_proc_grpc.ExternalProcessorServicer):  # type: ignore[m
         path = headers.get(":path", "").split("?", 1)[0]
         chat = _GENERATE.get(path)
         if chat is None or headers.get(":method") != "POST":
-            answer, placed = self._plain(headers, subset)
+            answer = self._plain(subset)
             if answer.HasField("immediate_response"):
                 return [answer], None
-            return [answer, protocol.body_chunk(raw, True, request=True)], placed
+            return [answer, protocol.body_chunk(raw, True, request=True)], None
         request = Request("POST", path, "", headers, raw, "")
         if not self.trust.authorized(request):
             return [protocol.immediate(401, error_body(401, "Unauthorized"))], None
