@@ -146,8 +146,16 @@ def test_epp_down_fails_closed_clearly_and_open_when_configured(workers: list[En
         error = refused.json()["error"]
         assert "endpoint picker is unavailable" in error["message"]
         assert "Connection_refused" in error["message"]
-        # fail-open: the request goes on to an engine of the pool, unpicked
-        assert httpx.post(open_.url + "/v1/completions", json=body, timeout=30).status_code == 200
+        # fail-open: the request goes on to an engine of the pool, unpicked. One whose body
+        # Envoy had streamed to the picker before its connection failed gets the clear 503.
+        answers = []
+        for _ in range(10):
+            answer = httpx.post(open_.url + "/v1/completions", json=body, timeout=30)
+            answers.append((answer.status_code, answer.text))
+            if answer.status_code == 200:
+                break
+        assert answers[-1][0] == 200, answers
+        assert all("endpoint picker is unavailable" in text for _, text in answers[:-1]), answers
     finally:
         closed.stop()
         open_.stop()

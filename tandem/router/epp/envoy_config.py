@@ -7,7 +7,9 @@ when the picker cannot be reached is the InferencePool's `failureMode`:
 
     FailClose -> Envoy answers 503 at once, an OpenAI-format error naming the endpoint picker
     FailOpen  -> the request goes on without a pick, round robin over `pool` (the pool's
-                 endpoints), by the route that matches when the header is absent
+                 endpoints), by the route that matches when the header is absent. Envoy cannot
+                 pass on a request whose body it had already streamed to the picker when the
+                 picker's connection failed: that one is answered 503 as under FailClose.
 """
 
 from __future__ import annotations
