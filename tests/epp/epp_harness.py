@@ -114,7 +114,7 @@ class PickerRouter(Router):
 class Relay(Proc):
     """`tandem relay` beside the decode engine at `engine`."""
 
-    def __init__(self, engine: str) -> None:
+    def __init__(self, engine: str, extra: Sequence[str] = ()) -> None:
         port = free_port()
         super().__init__(
             "relay",
@@ -131,6 +131,7 @@ class Relay(Proc):
                 "--trust-all-clients",
                 "--log-level",
                 "warning",
+                *extra,
             ],
             port,
         )

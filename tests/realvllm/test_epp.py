@@ -21,7 +21,14 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 @pytest.fixture(scope="module")
 def gateway(pd_cluster: PDCluster) -> Iterator[tuple[Router, Envoy]]:
     pd_cluster.ensure_engines()
-    relay = Relay(pd_cluster.decode.url)
+    # the engines take the run's engine key, as from the router
+    key = pd_cluster.plan.router_config.auth.engine_key
+    extra: list[str] = []
+    if key:
+        key_file = pd_cluster.run_dir / "relay-engine-key"
+        key_file.write_text(key)
+        extra = ["--engine-key-file", str(key_file)]
+    relay = Relay(pd_cluster.decode.url, extra)
     relay.wait_ready()
     epp = EppConfig(port=free_port(), relays={pd_cluster.decode.url: f"127.0.0.1:{relay.port}"})
     router = pd_cluster.router("router-epp", tokenizer=None, epp=epp)

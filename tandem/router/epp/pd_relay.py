@@ -42,7 +42,7 @@ from tandem.router.upstream import UpstreamError
 log = logging.getLogger("tandem.relay")
 _NO_FEATURES = Features(prompt_tokens=0, keys=[], exact=False)  # the picker indexed the prompt
 _MAX_PREFILL_ENGINES = 256  # prefill engines remembered (pooled connections) at once
-_PASS_HEADERS = ("content-type", "accept", "authorization", "x-request-id")
+_PASS_HEADERS = ("content-type", "accept", "x-request-id")  # the engine key authenticates
 
 
 def prefill_target(headers: dict[str, str]) -> tuple[str, int] | None:
