@@ -221,7 +221,7 @@ def test_a_hung_picker_fails_requests_instead_of_holding_them(workers: list[Engi
     fails with the picker's 503, not a hang."""
     router = PickerRouter([arg for e in workers for arg in ("--worker", e.url)])
     with running(router):
-        envoy = Envoy(router.epp_port, keepalive_s=1.0)
+        envoy = Envoy(router.epp_port, keepalive_s=2.0)
         try:
             envoy.wait_ready()
             body = {"model": "tiny", "prompt": "still there?", "max_tokens": 2}
