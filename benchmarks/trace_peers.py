@@ -16,6 +16,7 @@ import aiohttp
 from router_bench import MODEL, PEERS, Proc
 
 from tandem.common.ports import free_port
+from tandem.router.epp.envoy_config import gateway_config
 
 SMG_PACKAGE = "smg==1.13.0"
 
@@ -66,76 +67,6 @@ def epp_config(endpoints_file: Path) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def envoy_config(port: int, admin_port: int, grpc_port: int) -> dict[str, Any]:
-    """Envoy as llm-d's standalone chart configures it: every request through the ext_proc
-    filter (headers and bodies streamed both ways to the EPP), then to the endpoint the EPP
-    names in `x-gateway-destination-endpoint` (an ORIGINAL_DST cluster)."""
-    thresholds = {"max_connections": 40000, "max_pending_requests": 40000, "max_requests": 40000}
-    return {
-        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}},
-        "static_resources": {
-            "listeners": [{
-                "name": "gateway",
-                "address": {"socket_address": {"address": "127.0.0.1", "port_value": port}},
-                "filter_chains": [{"filters": [{
-                    "name": "envoy.filters.network.http_connection_manager",
-                    "typed_config": {
-                        "@type": "type.googleapis.com/envoy.extensions.filters.network."
-                                 "http_connection_manager.v3.HttpConnectionManager",
-                        "stat_prefix": "gateway",
-                        "route_config": {"name": "gateway", "virtual_hosts": [{
-                            "name": "all", "domains": ["*"],
-                            "routes": [{"match": {"prefix": "/"}, "route": {
-                                "cluster": "original_destination_cluster",
-                                "timeout": "600s", "idle_timeout": "600s"}}],
-                        }]},
-                        "http_filters": [
-                            {"name": "envoy.filters.http.ext_proc", "typed_config": {
-                                "@type": "type.googleapis.com/envoy.extensions.filters.http."
-                                         "ext_proc.v3.ExternalProcessor",
-                                "failure_mode_allow": False,
-                                "grpc_service": {"envoy_grpc": {"cluster_name": "ext_proc"},
-                                                 "timeout": "10s"},
-                                "processing_mode": {
-                                    "request_header_mode": "SEND",
-                                    "response_header_mode": "SEND",
-                                    "request_body_mode": "FULL_DUPLEX_STREAMED",
-                                    "response_body_mode": "FULL_DUPLEX_STREAMED",
-                                    "request_trailer_mode": "SEND",
-                                    "response_trailer_mode": "SEND",
-                                },
-                                "message_timeout": "600s",
-                            }},
-                            {"name": "envoy.filters.http.router", "typed_config": {
-                                "@type": "type.googleapis.com/envoy.extensions.filters.http."
-                                         "router.v3.Router",
-                                "suppress_envoy_headers": True}},
-                        ],
-                    },
-                }]}],
-            }],
-            "clusters": [
-                {"name": "original_destination_cluster", "type": "ORIGINAL_DST",
-                 "connect_timeout": "10s", "lb_policy": "CLUSTER_PROVIDED",
-                 "circuit_breakers": {"thresholds": [thresholds]},
-                 "original_dst_lb_config": {"use_http_header": True,
-                                            "http_header_name": "x-gateway-destination-endpoint"}},
-                {"name": "ext_proc", "type": "STATIC", "connect_timeout": "10s",
-                 "lb_policy": "ROUND_ROBIN",
-                 "circuit_breakers": {"thresholds": [thresholds]},
-                 "typed_extension_protocol_options": {
-                     "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-                         "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3."
-                                  "HttpProtocolOptions",
-                         "explicit_http_config": {"http2_protocol_options": {}}}},
-                 "load_assignment": {"cluster_name": "ext_proc", "endpoints": [{"lb_endpoints": [
-                     {"endpoint": {"address": {"socket_address": {
-                         "address": "127.0.0.1", "port_value": grpc_port}}}}]}]}},
-            ],
-        },
-    }  # fmt: skip
-
-
 class LlmdRouter:
     """The EPP and the Envoy in front of it, started and stopped together; `url` is Envoy's."""
 
@@ -159,7 +90,9 @@ class LlmdRouter:
         ], grpc_port)  # fmt: skip
         port = free_port()
         envoy_file = self.scratch / "envoy.json"
-        envoy_file.write_text(json.dumps(envoy_config(port, free_port(), grpc_port)))
+        # Envoy as llm-d's standalone chart configures it, and as Tandem's own picker is tested
+        config = gateway_config(port, free_port(), ("127.0.0.1", grpc_port), message_timeout_s=600)
+        envoy_file.write_text(json.dumps(config))
         self.envoy = Proc("llmd-envoy", [
             str(envoy), "-c", str(envoy_file), "--disable-hot-restart", "--log-level", "warn",
         ], port)  # fmt: skip

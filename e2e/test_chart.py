@@ -148,7 +148,12 @@ def test_rendered_rules_are_the_rules_file(offline_clients: Clients, values: lis
     files/operator-rules.yaml whose `when` value is on (the docs table is checked against the
     same file by tests/operator/test_operator_permissions.py)."""
     rules = yaml.safe_load((CHART / "files" / "operator-rules.yaml").read_text())["rules"]
-    switches = {"networkPolicies": True, "monitoring": True, "externalAutoscalers": False}
+    switches = {
+        "networkPolicies": True,
+        "monitoring": True,
+        "externalAutoscalers": False,
+        "inferencePools": True,
+    }
     expected = [
         {k: rule[k] for k in ("apiGroups", "resources", "verbs")}
         for rule in rules

@@ -17,6 +17,11 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
         "main",
         "serve several models' pools on one endpoint",
     ),
+    "relay": (
+        "tandem.router.epp.pd_relay",
+        "main",
+        "run the P/D relay beside a decode engine (EPP)",
+    ),
     "emulate": ("tandem.emulator.main", "main", "run one vLLM-compatible engine emulator"),
     "render": ("tandem.operator.cli", "render_main", "print the Kubernetes objects of a manifest"),
     "crd": ("tandem.operator.cli", "crd_main", "print the ServingCluster CustomResourceDefinition"),

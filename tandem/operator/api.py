@@ -723,6 +723,27 @@ class GatewayJoin(_Model):
     """The gateway's Service (the first member's value counts)."""
 
 
+class InferencePoolSpec(_Model):
+    """The Gateway API Inference Extension (docs/gateway-api.md): an InferencePool
+    (inference.networking.k8s.io/v1) of this cluster's engines, with the router as its endpoint
+    picker, so that a GIE gateway (Envoy based) routes to them by Tandem's placement."""
+
+    enabled: bool = False
+    """Render the InferencePool, the endpoint picker's Service `<name>-epp` and, with P/D, the
+    relay container beside each decode engine. Needs the InferencePool CRD in the cluster."""
+    epp_port: int = Field(9002, ge=1, le=65535, alias="eppPort")
+    """The router's endpoint picker port (Envoy ext_proc over gRPC, and gRPC health)."""
+    relay_port: int = Field(8001, ge=1, le=65535, alias="relayPort")
+    """The port of the relay container (`tandem relay`) in decode pods: the pool's target port
+    under P/D. Without P/D the target port is the engines' own."""
+    failure_mode: Literal["FailOpen", "FailClose"] = Field("FailClose", alias="failureMode")
+    """What the gateway does when the endpoint picker does not answer: FailClose answers 503,
+    FailOpen sends the request to an endpoint of the pool without Tandem's placement."""
+    allow_from: list[dict[str, Any]] = Field(default_factory=list, alias="allowFrom")
+    """core/v1 NetworkPolicyPeers of the gateway (its proxy pods): allowed to the endpoint picker
+    and to the pool's target port; empty = anyone."""
+
+
 class ServingClusterSpec(_Model):
     """Desired state of one disaggregated serving cluster."""
 
@@ -748,6 +769,10 @@ class ServingClusterSpec(_Model):
         default_factory=NetworkPolicySpec, alias="networkPolicy"
     )
     """NetworkPolicies (on by default)."""
+    inference_pool: InferencePoolSpec = Field(
+        default_factory=InferencePoolSpec, alias="inferencePool"
+    )
+    """The Gateway API Inference Extension's InferencePool, Tandem as its endpoint picker."""
     image_pull_secrets: list[str] = Field(default_factory=list, alias="imagePullSecrets")
     """Names of docker-registry Secrets used to pull engine and router images."""
     service_account_name: str | None = Field(None, alias="serviceAccountName")

@@ -69,7 +69,7 @@ from tandem.operator.tokenizer import router_tokenizer
 log = logging.getLogger("tandem.operator")
 
 # API groups that may be absent from a cluster; their objects are skipped (and not pruned) then.
-OPTIONAL_GROUPS = ("monitoring.coreos.com/", "keda.sh/")
+OPTIONAL_GROUPS = ("monitoring.coreos.com/", "keda.sh/", "inference.networking.k8s.io/")
 FIRST_RETRY_DELAY_S = 1.0
 RETRY_DELAY_S = 30.0
 # ServingClusters a resync pass reconciles at once.

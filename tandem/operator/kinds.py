@@ -37,6 +37,7 @@ CHILD_KINDS: tuple[Kind, ...] = (
     Kind("monitoring.coreos.com/v1", "PodMonitor", "podmonitors"),
     Kind("autoscaling/v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers"),
     Kind("keda.sh/v1alpha1", "ScaledObject", "scaledobjects"),
+    Kind("inference.networking.k8s.io/v1", "InferencePool", "inferencepools"),
 )
 # Kinds the operator reads or writes without owning them.
 OTHER_KINDS: tuple[Kind, ...] = (

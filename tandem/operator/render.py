@@ -398,6 +398,7 @@ def engine_deployment(sc: ServingCluster, role: Role) -> dict[str, Any]:
     engine, pool = spec.engine, _pool(sc, role)
     probes = pool.probes or engine.probes
     volumes, mounts = _engine_volumes(engine, sc)
+    relay, relay_volumes = gateway.relay_parts(sc, role)
     container: dict[str, Any] = {
         "name": ENGINE_CONTAINER,
         "image": pool.image or engine.image,
@@ -415,8 +416,8 @@ def engine_deployment(sc: ServingCluster, role: Role) -> dict[str, Any]:
     }
     pod_spec: dict[str, Any] = {
         "securityContext": pod_security_context(ENGINE_UID, pool.pod_security_context),
-        "containers": [container],
-        "volumes": volumes,
+        "containers": [container, *relay],
+        "volumes": [*volumes, *relay_volumes],
         # Service links would inject e.g. VLLM_PORT for a Service named "vllm", which vLLM misreads.
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": pool.termination_grace_period_seconds,
@@ -548,6 +549,7 @@ def router_config(
         metrics_scrape_interval_s=router.metrics_scrape_interval_seconds,
         log_level=router.log_level,
         auth=auth or router_auth_config(sc),
+        epp=gateway.epp_config(sc),
     )
 
 
@@ -658,6 +660,7 @@ def router_deployment(sc: ServingCluster) -> dict[str, Any]:
         "ports": [
             {"name": "http", "containerPort": ROUTER_PORT, "protocol": "TCP"},
             {"name": "admin", "containerPort": ROUTER_ADMIN_PORT, "protocol": "TCP"},
+            *gateway.router_ports(sc),
         ],
         "resources": router_resources(router),
         "volumeMounts": mounts,
@@ -894,6 +897,7 @@ def network_policies(sc: ServingCluster) -> list[dict[str, Any]]:
         router_in["from"] = policy.allow_from
     # Prometheus scrapes the router's admin port (/metrics is not served on http).
     router_ingress = [router_in, {"from": [prometheus], "ports": _tcp("admin")}]
+    router_ingress += gateway.router_ingress(sc)
     engine_ports = _tcp(HTTP_PORT, KV_EVENTS_PORT, KV_REPLAY_PORT)
     router_egress = [
         {"to": [_pods(sc, *rendered_roles(sc))], "ports": engine_ports},
@@ -918,8 +922,9 @@ def network_policies(sc: ServingCluster) -> list[dict[str, Any]]:
         ingress: list[dict[str, Any]] = [
             {"from": [_pods(sc, "router")], "ports": _tcp("http", "kv-events", "kv-replay")},
             {"from": [prometheus], "ports": _tcp("http")},
+            *gateway.engine_ingress(sc, role),
         ]
-        egress: list[dict[str, Any]] = []
+        egress: list[dict[str, Any]] = gateway.engine_egress(sc, role)
         if disaggregated(sc):
             peer = _pods(sc, "decode" if role == "prefill" else "prefill")
             ingress.append({"from": [peer], "ports": _nixl_ports()})
@@ -1050,6 +1055,7 @@ def render(sc: ServingCluster) -> list[dict[str, Any]]:
         router_service(sc),
         router_admin_service(sc),
         router_deployment(sc),
+        *gateway.objects(sc),
     ]
     if sc.spec.router.replicas > 1:
         # One router pod has nothing to keep through a drain (a budget of maxUnavailable 1 would
@@ -1076,3 +1082,7 @@ def provider_autoscalers(sc: ServingCluster) -> list[dict[str, Any]]:
     from tandem.operator.autoscaling.external import external_autoscalers
 
     return external_autoscalers(sc, sc.spec.autoscaling.provider)
+
+
+# The Gateway API Inference Extension's parts build on this module's names (imported last).
+from tandem.operator import inference_pool as gateway  # noqa: E402

@@ -22,6 +22,7 @@ from tandem.common.routing import (
     TimeoutConfig,
 )
 from tandem.common.tenancy import TenancyConfig
+from tandem.router.epp.config import EppConfig
 
 
 class _Strict(BaseModel):
@@ -153,6 +154,8 @@ class RouterConfig(_Strict):
     log_level: str = Field("info", alias="logLevel")
     api_keys: list[str] = Field(default_factory=list, alias="apiKeys")
     auth: AuthConfig = Field(default_factory=AuthConfig)
+    # The endpoint picker of a Gateway API inference gateway (Envoy ext_proc); off when None.
+    epp: EppConfig | None = None
 
     @model_validator(mode="after")
     def _one_discovery(self) -> RouterConfig:

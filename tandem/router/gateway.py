@@ -66,7 +66,9 @@ class GatewayService:
     def served_names(self, request: Request | None = None) -> list[str]:
         """Every model name served, or those whose routers accept `request`'s key."""
         return sorted(
-            name for router in self._open_to(request) for name in router.proxy.model_names
+            name
+            for router in self._open_to(request)
+            for name in router.proxy.accepted_model_names()
         )
 
     def _open_to(self, request: Request | None) -> list[RouterService]:
@@ -76,7 +78,7 @@ class GatewayService:
 
     def router_of(self, name: str) -> RouterService | None:
         for router in self.routers:
-            if name in router.proxy.model_names:
+            if name in router.proxy.accepted_model_names():
                 return router
         return None
 

@@ -128,6 +128,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefill-seconds", type=float, help="limit of one prefill request")
     p.add_argument("--request-seconds", type=float, help="limit of a whole request")
     p.add_argument("--log-level")
+    p.add_argument(
+        "--epp-port", type=int, help="serve the endpoint picker (Envoy ext_proc gRPC) on this port"
+    )
+    p.add_argument(
+        "--epp-relay",
+        action="append",
+        default=[],
+        metavar="URL=HOST:PORT",
+        help="the P/D relay beside a decode engine (`tandem relay`), for the endpoint picker",
+    )
     return p
 
 
@@ -236,6 +246,13 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
             section_data = data.setdefault(section, {})
             assert isinstance(section_data, dict)
             section_data[key] = value
+    if args.epp_port is not None or args.epp_relay:
+        epp = data.setdefault("epp", {})
+        assert isinstance(epp, dict)
+        if args.epp_port is not None:
+            epp["port"] = args.epp_port
+        if args.epp_relay:
+            epp["relays"] = dict(v.split("=", 1) for v in args.epp_relay)
     return RouterConfig.model_validate(data)
 
 

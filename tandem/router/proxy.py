@@ -96,7 +96,7 @@ class CompletionProxy:
 
     # -- entry -------------------------------------------------------------------------------
 
-    def _model_names(self) -> set[str]:
+    def accepted_model_names(self) -> set[str]:
         """The base model and every LoRA adapter an engine lists."""
         names = set(self.model_names)
         for engine in self.state.pool.engines.values():
@@ -107,7 +107,7 @@ class CompletionProxy:
     async def generate(self, request: Request, responder: Responder, chat: bool) -> None:
         timing = Timing()
         try:
-            body = parse_body(request.body, chat, self._model_names())
+            body = parse_body(request.body, chat, self.accepted_model_names())
         except InvalidRequest as exc:
             self.metrics.child(self.metrics.rejected, "invalid").inc()
             responder.send(exc.status, exc.body)
@@ -130,7 +130,7 @@ class CompletionProxy:
             timing,
             self.state.tenants.identify(request.headers, trusted),
         )
-        target = self._slo_target(request, priority, trusted)
+        target = self.slo_target(request, priority, trusted)
         deadline = 0.0 if target is None else timing.start + target.ttft_s
         if not await self._admit(call, priority, deadline):
             return
@@ -143,7 +143,7 @@ class CompletionProxy:
             admission.release(call.tenant)
             admission.observe_service_time(time.perf_counter() - timing.start - timing.queue_s)
 
-    def _slo_target(self, request: Request, priority: int, trusted: bool) -> SloTarget | None:
+    def slo_target(self, request: Request, priority: int, trusted: bool) -> SloTarget | None:
         """The request's SLO targets under the `predictive` policy (headers only when trusted)."""
         if self.predictor is None:
             return None
@@ -215,17 +215,24 @@ class CompletionProxy:
 
     # -- planning ----------------------------------------------------------------------------
 
-    async def _features(self, call: Call) -> Features:
+    async def features(self, body: dict[str, Any], chat: bool) -> Features:
+        """The request's prompt features; a 400 (ClientError) when it cannot be tokenized."""
         try:
-            return await self.state.featurizer.features(call.body, call.chat)
+            return await self.state.featurizer.features(body, chat)
         except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
             raise ClientError(400, error_body(400, f"cannot tokenize the request: {exc}")) from None
 
-    def _plan(
-        self, call: Call, features: Features, target: SloTarget | None
+    def plan(
+        self,
+        body: dict[str, Any],
+        chat: bool,
+        headers: dict[str, str],
+        features: Features,
+        target: SloTarget | None,
     ) -> tuple[RoutePlan | None, str, PredictiveInputs | None]:
         """Gathers the plan's inputs from the state and calls `plan_route`; returns the plan, the
-        index name and, under the `predictive` policy, the predictions the plan was made with."""
+        index name and, under the `predictive` policy, the predictions the plan was made with.
+        The endpoint picker (epp/) plans with it too, so both place a request alike."""
         state = self.state
         exact = state.use_exact and features.exact
         index = state.exact_index if exact else state.approx_index
@@ -238,12 +245,12 @@ class CompletionProxy:
         ]
         engines = [e.id for e in (*decoders, *prefillers)]
         keys = features.keys
-        session = call.request.headers.get(self._session_header) or None
-        predictive = self._predictive(call, features, session, target)
+        session = headers.get(self._session_header) or None
+        predictive = self._predictive(body, chat, features, session, target)
         inputs = RouteInputs(
             prompt_tokens=features.prompt_tokens,
             total_blocks=len(keys),
-            n=call.body.get("n") or 1,
+            n=body.get("n") or 1,
             decoders=decoders,
             prefillers=prefillers,
             any_prefill_configured=any(not e.colocated for e in state.pool.all("prefill")),
@@ -258,16 +265,20 @@ class CompletionProxy:
         return plan_route(inputs, self.config), index_name, predictive
 
     def _predictive(
-        self, call: Call, features: Features, session: str | None, target: SloTarget | None
+        self,
+        body: dict[str, Any],
+        chat: bool,
+        features: Features,
+        session: str | None,
+        target: SloTarget | None,
     ) -> PredictiveInputs | None:
         predictor = self.predictor
         if predictor is None or target is None:
             return None
-        body = call.body
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
         max_tokens = max_tokens if isinstance(max_tokens, int) else None
         group = session if session is not None else features.first_block_key
-        keys = length_keys(call.chat, max_tokens, features.prompt_tokens, group)
+        keys = length_keys(chat, max_tokens, features.prompt_tokens, group)
         output = predictor.lengths.predict(keys, max_tokens)
         return PredictiveInputs(predictor, output, target, keys, time.monotonic())
 
@@ -275,9 +286,11 @@ class CompletionProxy:
 
     async def _serve(self, call: Call, target: SloTarget | None) -> None:
         t_route = time.perf_counter()
-        features = await self._features(call)
+        features = await self.features(call.body, call.chat)
         self._charge_tenant(call, features)
-        plan, index_name, predictive = self._plan(call, features, target)
+        plan, index_name, predictive = self.plan(
+            call.body, call.chat, call.request.headers, features, target
+        )
         metrics = self.metrics
         if plan is None:
             metrics.child(metrics.requests, "none", "503").inc()
@@ -343,7 +356,7 @@ class CompletionProxy:
         if plan.route is Route.DISAGGREGATED and handoff is None:
             reason = Reason.FALLBACK  # every prefill engine failed: the decode engine prefills
         metrics.child(metrics.decisions, reason.value).inc()
-        self._remember(call, plan, features, handoff)
+        self.remember(plan, features, None if handoff is None else handoff.engine)
         ranking = [c.engine for c in plan.decode_ranking]
         hit = f"{hit_blocks}/{total_blocks}"
         with adapter_stream(plan.decode.engine.adapter_streams, features.adapter):
@@ -362,17 +375,13 @@ class CompletionProxy:
             headers.append(("x-tandem-prefill-engine", handoff.engine.id))
         return headers
 
-    def _remember(
-        self, call: Call, plan: RoutePlan, features: Features, handoff: Handoff | None
-    ) -> None:
+    def remember(self, plan: RoutePlan, features: Features, prefill: Engine | None) -> None:
         """Routing history for the approximate index, the blocks now pending on the chosen
         engines in the exact one (until their KV events confirm them)."""
         state = self.state
         if features.keys:
             pending = features.keys if state.use_exact and features.exact else ()
-            engines = (
-                [plan.decode.engine] if handoff is None else [handoff.engine, plan.decode.engine]
-            )
+            engines = [plan.decode.engine] if prefill is None else [prefill, plan.decode.engine]
             for engine in engines:
                 state.approx_index.touch(engine.id, features.keys)
                 state.exact_index.add_pending(engine.id, pending)

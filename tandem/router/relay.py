@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from tandem.router.call import Call, ClientError
 from tandem.router.decision import Route
@@ -126,7 +127,7 @@ class Relay:
             responder.start(status, headers, content_type)
         responder.end()
         if counting and status == 200:
-            call.output_tokens = output_events(call, events)
+            call.output_tokens = output_events(call.chat, call.body, events)
             call.last_event = last
         metrics.child(metrics.e2e, route.value, engine.id).observe(
             time.perf_counter() - call.timing.start
@@ -150,12 +151,12 @@ class Relay:
         return now
 
 
-def output_events(call: Call, events: int) -> int:
+def output_events(chat: bool, body: dict[str, Any], events: int) -> int:
     """A stream's output tokens as its events show them: every `data:` event but `[DONE]`, chat's
     opening role event and the usage event when asked for (an engine that sends several tokens
     per event makes this an undercount)."""
-    extra = 1 + call.chat
-    options = call.body.get("stream_options")
+    extra = 1 + chat
+    options = body.get("stream_options")
     if isinstance(options, dict) and options.get("include_usage"):
         extra += 1
     return max(events - extra, 0)

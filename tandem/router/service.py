@@ -22,6 +22,7 @@ from tandem.router.config import RouterConfig
 from tandem.router.discovery.kubernetes import PodWatcher
 from tandem.router.discovery.static import static_engines
 from tandem.router.engines import Engine
+from tandem.router.epp.server import EppServer
 from tandem.router.errors import error_body
 from tandem.router.httpserver import HttpServer, Request, Responder
 from tandem.router.kv_events import EngineBlockMap, KvEventSubscriber
@@ -73,6 +74,7 @@ class RouterService:
             if config.trust.admin_port is not None
             else None
         )
+        self.epp = EppServer(config, self.proxy, self.trust) if config.epp is not None else None
         self.subscribers: dict[str, KvEventSubscriber] = {}
         self._zmq: zmq.asyncio.Context | None = None
         self._pods: dict[str, str] = {}  # pod name -> engine url
@@ -108,6 +110,8 @@ class RouterService:
             self.admin_port = await self.admin_server.start(
                 self.admin_host, self.config.trust.admin_port
             )
+        if self.epp is not None:
+            await self.epp.start(self.reuse_port)
         log.info(
             "router listening on %s:%d%s (%d engines, %s index)",
             self.config.host,
@@ -155,6 +159,8 @@ class RouterService:
         if self._watcher is not None:
             self._watcher.stop()
         await self.server.close()
+        if self.epp is not None:
+            await self.epp.stop()
         if self.admin_server is not None:
             await self.admin_server.close()
         await self.monitor.stop()

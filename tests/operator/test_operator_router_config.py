@@ -36,6 +36,7 @@ FROM_OTHER_SPEC = {
     "hash_seed",
     "chat_template",
     "chat_template_kwargs",
+    "epp",  # spec.inferencePool (ports of the endpoint picker and the relays)
 }
 # Decided by the operator: where the router listens and finds its engines; KV events are always
 # rendered on the engines, so the router always subscribes; `auth` holds the paths where the

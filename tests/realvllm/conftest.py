@@ -18,6 +18,7 @@ from harness import VLLM_PYTHON, PDCluster, make_llama3_style_model, plan_tiny_c
 # (LoRA, `tandem up`, the engine security context) stop the shared pair and run last.
 MODULE_ORDER = [
     "test_pd",
+    "test_epp",
     "test_parity",
     "test_replicas",
     "test_render",

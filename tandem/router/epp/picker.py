@@ -1,0 +1,364 @@
+"""The endpoint picker: Envoy's ext_proc stream per request, placed by the router's own plan.
+
+One `Process` stream is one HTTP request through the gateway. The picker reads the request's
+headers and body, runs the router's admission and `CompletionProxy.plan` (the same features,
+index and scorers as `tandem router`, so both place a request alike), then answers the headers
+with the destination and passes the body on; the response's headers and body chunks pass
+through it untouched, and their end closes the request's bookkeeping (engine in-flight and
+pending counts, the admission slot).
+
+    destination = relay of the decode engine   when it has one (P/D: the relay prefills on the
+                                                prefill engine named in x-tandem-prefill-endpoint)
+                = the decode engine itself      otherwise (local prefill only)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import grpc
+import msgspec
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_proc
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_proc_grpc
+
+from tandem.router.admission import QueueFull, parse_priority
+from tandem.router.call import ClientError
+from tandem.router.config import RouterConfig
+from tandem.router.decision import Reason, RoutePlan
+from tandem.router.engines import Engine
+from tandem.router.epp import protocol
+from tandem.router.errors import error_body
+from tandem.router.httpserver import Request
+from tandem.router.predict.predictor import Ticket
+from tandem.router.proxy import CompletionProxy
+from tandem.router.relay import completion_tokens, output_events
+from tandem.router.trust import ClientTrust
+from tandem.router.validation import InvalidRequest, parse_body
+
+log = logging.getLogger("tandem.router.epp")
+_encode_json = msgspec.json.Encoder().encode
+_GENERATE = {"/v1/completions": False, "/v1/chat/completions": True}
+_CLIENT_SET_HEADERS = (
+    protocol.PREFILL_HEADER,
+    protocol.SIDE_CHANNEL_HEADER,
+)  # only the picker may set these
+
+
+def address(url: str) -> str:
+    """host:port of an engine URL (the form the protocol's endpoints take)."""
+    parts = urlsplit(url)
+    return f"{parts.hostname}:{parts.port or (443 if parts.scheme == 'https' else 80)}"
+
+
+@dataclass(slots=True)
+class Placed:
+    """The engines one request holds until its response ends."""
+
+    endpoint: str  # ip:port the gateway sends it to
+    decode: Engine
+    prefill: Engine | None
+    # the `predictive` policy's record of the request, and what its answer shows
+    ticket: Ticket | None = None
+    chat: bool = False
+    body: dict[str, Any] = field(default_factory=dict)
+    started: float = field(default_factory=time.perf_counter)
+    first_byte: float | None = None
+    last_event: float | None = None
+    events: int = 0  # stream events of the answer
+    tail: bytes = b""  # its last chunk (a whole answer's usage)
+    tenant: str = ""  # whose admission slot it holds
+
+
+class EndpointPicker(ext_proc_grpc.ExternalProcessorServicer):  # type: ignore[misc]
+    """The ext_proc service over the router's state (`proxy.state`)."""
+
+    def __init__(self, config: RouterConfig, proxy: CompletionProxy, trust: ClientTrust):
+        assert config.epp is not None
+        self.config = config
+        self.epp = config.epp
+        self.proxy = proxy
+        self.state = proxy.state
+        self.metrics = proxy.metrics
+        self.trust = trust
+        self._priority_header = config.admission.priority_header.lower()
+
+    def destination(self, engine: Engine) -> tuple[str, bool]:
+        """Where the gateway sends a request decoded on `engine`, and whether a relay is there."""
+        relay = self.epp.relays.get(engine.url)
+        if relay is not None:
+            return relay, True
+        if self.epp.relay_port is not None and not engine.colocated:
+            return f"{urlsplit(engine.url).hostname}:{self.epp.relay_port}", True
+        return address(engine.url), False
+
+    async def Process(
+        self, requests: AsyncIterator[ext_proc.ProcessingRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[ext_proc.ProcessingResponse]:
+        headers: dict[str, str] = {}
+        subset: frozenset[str] | None = None
+        chunks: list[bytes] = []
+        size = 0
+        placed: Placed | None = None
+        try:
+            async for message in requests:
+                kind = message.WhichOneof("request")
+                if kind == "request_headers":
+                    headers = protocol.header_map(message.request_headers)
+                    subset = protocol.subset_of(message.metadata_context)
+                    if message.request_headers.end_of_stream:
+                        yield self._plain(subset)
+                elif kind == "request_body":
+                    chunks.append(message.request_body.body)
+                    size += len(message.request_body.body)
+                    if size > self.config.admission.max_body_bytes:
+                        self.metrics.child(self.metrics.rejected, "too_large").inc()
+                        yield protocol.immediate(413, error_body(413, "request body too large"))
+                        return
+                    if message.request_body.end_of_stream:
+                        body = b"".join(chunks)
+                        answers, placed = await self._pick(headers, subset, body)
+                        for answer in answers:
+                            yield answer
+                elif kind == "request_trailers":
+                    yield protocol.trailers(request=True)
+                elif kind == "response_headers":
+                    yield protocol.response_headers()
+                    if message.response_headers.end_of_stream and placed is not None:
+                        self._finish(placed)
+                        placed = None
+                elif kind == "response_body":
+                    part = message.response_body
+                    yield protocol.body_chunk(part.body, part.end_of_stream, request=False)
+                    if placed is not None and part.body:
+                        self._answered(placed, part.body)
+                    if part.end_of_stream and placed is not None:
+                        self._finish(placed)
+                        placed = None
+                elif kind == "response_trailers":
+                    yield protocol.trailers(request=False)
+                    if placed is not None:
+                        self._finish(placed)
+                        placed = None
+        finally:
+            if placed is not None:
+                self._finish(placed)  # the client or the gateway went away mid-request
+
+    # -- picking -----------------------------------------------------------------------------
+
+    def _plain(self, subset: frozenset[str] | None) -> ext_proc.ProcessingResponse:
+        """Anything but a completion (GET /v1/models, /health): the least loaded decode engine."""
+        engines = self._allowed(self.state.pool.candidates("decode"), subset)
+        if not engines:
+            return self._unavailable()
+        running = self.config.scoring.running_weight
+        engine = min(engines, key=lambda e: e.load(running))
+        endpoint, _ = self.destination(engine)
+        return protocol.destination_response(endpoint, remove=_CLIENT_SET_HEADERS)
+
+    def _allowed(self, engines: list[Engine], subset: frozenset[str] | None) -> list[Engine]:
+        if subset is None:
+            return engines
+        return [e for e in engines if self.destination(e)[0] in subset]
+
+    def _unavailable(self) -> ext_proc.ProcessingResponse:
+        self.metrics.child(self.metrics.requests, "none", "503").inc()
+        return protocol.immediate(
+            503, error_body(503, "no healthy decode engine"), {"retry-after": "2"}
+        )
+
+    async def _pick(
+        self, headers: dict[str, str], subset: frozenset[str] | None, raw: bytes
+    ) -> tuple[list[ext_proc.ProcessingResponse], Placed | None]:
+        """The answers to a request with a body: destination and body, or an immediate error."""
+        path = headers.get(":path", "").split("?", 1)[0]
+        chat = _GENERATE.get(path)
+        if chat is None or headers.get(":method") != "POST":
+            answer = self._plain(subset)
+            if answer.HasField("immediate_response"):
+                return [answer], None
+            return [answer, protocol.body_chunk(raw, True, request=True)], None
+        request = Request("POST", path, "", headers, raw, "")
+        if not self.trust.authorized(request):
+            return [protocol.immediate(401, error_body(401, "Unauthorized"))], None
+        try:
+            body = parse_body(raw, chat, self.proxy.accepted_model_names())
+        except InvalidRequest as exc:
+            self.metrics.child(self.metrics.rejected, "invalid").inc()
+            return [protocol.immediate(exc.status, exc.body)], None
+        if "kv_transfer_params" in body:
+            # A client must never steer a decode engine to a host (as in the router).
+            del body["kv_transfer_params"]
+            self.metrics.stripped.inc()
+            raw = _encode_json(body)
+        trusted = self.trust.trusted(request)
+        priority = parse_priority(headers.get(self._priority_header)) if trusted else 0
+        tenant = self.state.tenants.identify(headers, trusted)
+        refused = await self._admit(priority, tenant)
+        if refused is not None:
+            return [refused], None
+        try:
+            placed = await self._place(request, body, chat, subset, trusted, priority, tenant)
+        except ClientError as exc:
+            placed = protocol.immediate(exc.status, exc.body, dict(exc.headers))
+        except BaseException:
+            self.state.admission.release(tenant)
+            raise
+        if not isinstance(placed, Placed):
+            self.state.admission.release(tenant)
+            return [placed], None
+        headers_set = [("content-length", str(len(raw)))]
+        if placed.prefill is not None:
+            headers_set.append((protocol.PREFILL_HEADER, address(placed.prefill.url)))
+            headers_set.append(
+                (protocol.SIDE_CHANNEL_HEADER, str(placed.prefill.side_channel_port))
+            )
+        remove = () if placed.prefill is not None else _CLIENT_SET_HEADERS
+        answer = protocol.destination_response(placed.endpoint, headers_set, remove)
+        return [answer, protocol.body_chunk(raw, True, request=True)], placed
+
+    async def _admit(self, priority: int, tenant: str) -> ext_proc.ProcessingResponse | None:
+        """The router's admission (in-flight cap, priority bands, tenants' fair shares): None
+        once a slot is held."""
+        admission = self.state.admission
+        try:
+            if not admission.try_acquire(tenant):
+                async with asyncio.timeout(self.config.timeouts.request_s):
+                    await admission.acquire(priority, tenant=tenant)
+            return None
+        except QueueFull as full:
+            reason = "shed" if full.dropped else "queue_full"
+            self.metrics.child(self.metrics.rejected, reason).inc()
+            return protocol.immediate(
+                429,
+                error_body(429, "The router's queue is full; retry later."),
+                {"retry-after": str(full.retry_after_s)},
+            )
+        except TimeoutError:
+            self.metrics.child(self.metrics.rejected, "queue_timeout").inc()
+            return protocol.immediate(
+                503,
+                error_body(503, "Timed out waiting in the router's queue."),
+                {"retry-after": "5"},
+            )
+
+    async def _place(
+        self,
+        request: Request,
+        body: dict[str, Any],
+        chat: bool,
+        subset: frozenset[str] | None,
+        trusted: bool,
+        priority: int,
+        tenant: str,
+    ) -> Placed | ext_proc.ProcessingResponse:
+        """The router's plan for the request as a destination (and a prefill engine), or the
+        error to answer with."""
+        started = time.perf_counter()
+        proxy = self.proxy
+        target = proxy.slo_target(request, priority, trusted)
+        features = await proxy.features(body, chat)
+        retry_after = self.state.tenants.charge(tenant, features.prompt_tokens, body)
+        if retry_after:
+            self.metrics.child(self.metrics.rejected, "rate_limit").inc()
+            return protocol.immediate(
+                429,
+                error_body(429, f"Tenant {tenant} is over its token rate; retry later."),
+                {"retry-after": str(retry_after)},
+            )
+        plan, index_name, predictive = proxy.plan(body, chat, request.headers, features, target)
+        if plan is not None and subset is not None:
+            plan = self._within(plan, subset)
+        if plan is None:
+            return self._unavailable()
+        if plan.placement is not None and plan.placement.shed:
+            self.metrics.child(self.metrics.rejected, "slo").inc()
+            return protocol.immediate(
+                429, error_body(429, "The request's SLO targets cannot be met now; retry later.")
+            )
+        decode = plan.decode.engine
+        endpoint, relayed = self.destination(decode)
+        # P/D needs the relay beside the decode engine; without one the engine prefills itself.
+        prefill = plan.prefill_ranking[0].engine if plan.prefill_ranking and relayed else None
+        reason = plan.reason if prefill is not None or not plan.prefill_ranking else Reason.LOCAL
+        metrics = self.metrics
+        metrics.child(metrics.prefix_query_blocks, index_name).inc(len(features.keys))
+        if plan.decode.hit_blocks:
+            metrics.child(metrics.prefix_hit_blocks, index_name).inc(plan.decode.hit_blocks)
+            metrics.child(metrics.prefix_hits, index_name).inc()
+        metrics.child(metrics.decisions, reason.value).inc()
+        metrics.routing.observe(time.perf_counter() - started)
+        proxy.remember(plan, features, prefill)
+        for engine in (decode, prefill):
+            if engine is not None:
+                engine.in_flight += 1
+                engine.pending += 1
+        ticket = None
+        if plan.placement is not None and predictive is not None:
+            ticket = predictive.predictor.ticket(
+                plan.placement,
+                features.prompt_tokens,
+                predictive.output,
+                predictive.keys,
+                predictive.target,
+                body.get("stream") is True,
+                predictive.now,
+            )
+        return Placed(endpoint, decode, prefill, ticket, chat, body, tenant=tenant)
+
+    def _within(self, plan: RoutePlan, subset: frozenset[str]) -> RoutePlan | None:
+        """The plan with its decode ranking cut to the data plane's subset; None if none is left."""
+        ranking = [c for c in plan.decode_ranking if self.destination(c.engine)[0] in subset]
+        if not ranking:
+            return None
+        return RoutePlan(ranking, plan.route, plan.reason, plan.prefill_ranking, plan.placement)
+
+    # -- bookkeeping -------------------------------------------------------------------------
+
+    @staticmethod
+    def _answered(placed: Placed, chunk: bytes) -> None:
+        """A body chunk of the answer: the first is the decode engine's first byte (the prefill
+        is over, as the router counts it); stream events are counted for the predictor."""
+        now = time.perf_counter()
+        if placed.first_byte is None:
+            placed.first_byte = now
+            EndpointPicker._release_prefill(placed)
+            if placed.ticket is not None:
+                placed.ticket.prefilled(placed.prefill is not None, None)
+                placed.ticket.first_byte(placed.decode, now, placed.started, None)
+        placed.last_event = now
+        placed.events += chunk.count(b"data:")
+        placed.tail = chunk
+
+    @staticmethod
+    def _release_prefill(placed: Placed) -> None:
+        placed.decode.pending -= 1
+        if placed.prefill is not None:
+            placed.prefill.pending -= 1
+            placed.prefill.in_flight -= 1
+
+    def _finish(self, placed: Placed) -> None:
+        """The request ended (its response, or its stream): its engines and slot are free."""
+        if placed.first_byte is None:
+            self._release_prefill(placed)
+        if placed.ticket is not None:
+            placed.ticket.finished(_output_tokens(placed), placed.last_event)
+        placed.decode.in_flight -= 1
+        admission = self.state.admission
+        admission.release(placed.tenant)
+        admission.observe_service_time(time.perf_counter() - placed.started)
+
+
+def _output_tokens(placed: Placed) -> int | None:
+    """The answer's output tokens as the router reads them: stream events, or a whole answer's
+    usage; None when nothing came back."""
+    if placed.first_byte is None:
+        return None
+    if placed.body.get("stream") is True:
+        return output_events(placed.chat, placed.body, placed.events)
+    return completion_tokens(placed.tail)
