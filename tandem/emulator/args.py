@@ -88,6 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--api-key", default=None)
     v.add_argument("--enable-server-load-tracking", action="store_true")
     v.add_argument("--enable-request-id-headers", action="store_true")
+    v.add_argument(
+        "--shutdown-timeout",
+        type=int,
+        default=0,
+        help="seconds to drain in-flight requests on SIGTERM (0: abort them)",
+    )
     e = p.add_argument_group("emulator options")
     e.add_argument(
         "--timing-profile",
@@ -235,6 +241,7 @@ def parse_args(argv: list[str]) -> tuple[EngineConfig, list[str], str]:
         api_key=ns.api_key or os.environ.get("VLLM_API_KEY") or None,
         enable_server_load_tracking=ns.enable_server_load_tracking,
         enable_request_id_headers=ns.enable_request_id_headers,
+        shutdown_timeout_s=ns.shutdown_timeout,
         timing_profile=ns.timing_profile,
         speedup=ns.speedup,
         kv_events_bind_host=ns.kv_events_bind_host,

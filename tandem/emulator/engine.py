@@ -117,6 +117,7 @@ class EmulatedEngine:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.dead = False
+        self.shutting_down = False  # SIGTERM came: new requests are refused (shutdown.py)
         self.num_finished = 0
 
     # ------------------------------------------------------------------ lifecycle

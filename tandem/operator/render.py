@@ -24,6 +24,7 @@ from tandem.operator.api import (
     Toleration,
     pool_replicas,
 )
+from tandem.operator.drain import engine_lifecycle, shutdown_timeout
 from tandem.operator.tokenizer import engine_chat_template, router_tokenizer, tokenizer_pod_parts
 from tandem.router.config import (
     AuthConfig,
@@ -195,6 +196,7 @@ def vllm_args(sc: ServingCluster, role: Role, ports: EnginePorts = POD_PORTS) ->
         "--kv-events-config", _compact_json(kv_events_config(ports)),
         "--max-num-batched-tokens", str(pool.max_num_batched_tokens),
         "--gpu-memory-utilization", str(pool.gpu_memory_utilization or engine.gpu_memory_utilization),
+        "--shutdown-timeout", str(shutdown_timeout(pool)),
     ]  # fmt: skip
     if disaggregated(sc):
         args += ["--kv-transfer-config", _compact_json(kv_transfer_config(sc, role))]
@@ -407,6 +409,7 @@ def engine_deployment(sc: ServingCluster, role: Role) -> dict[str, Any]:
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": container_security_context(ENGINE_UID, pool.security_context),
         **engine_probes(probes),
+        **engine_lifecycle(pool),
     }
     pod_spec: dict[str, Any] = {
         "securityContext": pod_security_context(ENGINE_UID, pool.pod_security_context),

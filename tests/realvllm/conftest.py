@@ -22,6 +22,7 @@ MODULE_ORDER = [
     "test_replicas",
     "test_render",
     "test_failures",
+    "test_shutdown",
     "test_up",
     "test_engine_context",
 ]
