@@ -29,6 +29,7 @@ from tandem.emulator.responses import (
     model_list,
     stream_error_event,
 )
+from tandem.emulator.shutdown import refusal
 from tandem.emulator.validation import Generation, RequestValidator, json_body
 
 log = logging.getLogger("tandem.emulator.api")
@@ -209,6 +210,8 @@ class OpenAIServer:
         job = self._job(http, self.validator.generation(body, chat))
         if self.engine.dead:
             raise internal_error()
+        if self.engine.shutting_down:
+            raise refusal()
         if self.faults.should_fail():
             self.faults.request_done()
             return error_response(internal_error(), headers)

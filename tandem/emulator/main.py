@@ -64,7 +64,7 @@ async def serve(
         ready.set()
     try:
         await stop.wait()
-        await shut_down(engine, config.shutdown_timeout_s)
+        await shut_down(engine, config.shutdown_timeout_s, site.stop, lambda: server.in_flight)
     finally:
         await runner.cleanup()
         await engine.stop()

@@ -1,6 +1,7 @@
 """SIGTERM as vLLM 0.32 handles it (docs/protocols.md §8; the real engine's side is
-tests/realvllm/test_shutdown.py): `--shutdown-timeout 0` aborts what the engine holds,
-`--shutdown-timeout N` finishes it, refuses new work and keeps a prefill's KV until it is pulled."""
+tests/realvllm/test_shutdown.py): `--shutdown-timeout 0` leaves what the engine holds
+unanswered, `--shutdown-timeout N` finishes it, refuses new work and keeps a prefill's KV until
+it is pulled."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import httpx
 import pytest
 from emu_harness import TINY_ARGS, Emulator, emulator
 from test_emulator_pd_nixl import do_decode, do_prefill, pd_engines
+
+from tandem.emulator.shutdown import REFUSAL
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -75,17 +78,23 @@ class Flight:
         return self.results
 
 
-def test_default_shutdown_aborts_in_flight_requests() -> None:
+def test_default_shutdown_leaves_in_flight_requests_unanswered_until_the_client_leaves() -> None:
+    """`--shutdown-timeout 0`: the engine stops where it is and the port closes; a stream gets
+    nothing more and the process waits for its client (a kubelet's SIGKILL ends it sooner)."""
     with emulator([*TINY_ARGS, *SLOW]) as engine:
-        flight = Flight(engine)
-        assert flight.streaming.wait(30)
-        _sigterm(engine)
-        results = flight.join()
-        assert engine.proc.wait(30) == 0
-    print(results)
-    assert results["stream"][0] == "abort"
-    assert results["plain"][0] == "abort"
-    assert results["plain"][1] < LONG
+        with httpx.stream(
+            "POST", f"{engine.url}/v1/completions", json=_body(True), timeout=2
+        ) as answer:
+            lines = answer.iter_lines()
+            assert next(line for line in lines if line.startswith("data: "))
+            _sigterm(engine)
+            with pytest.raises(httpx.ReadTimeout):
+                for _ in lines:
+                    pass
+            assert engine.proc.poll() is None
+            with pytest.raises(httpx.ConnectError):
+                httpx.get(f"{engine.url}/health", timeout=2)
+        assert engine.proc.wait(10) == 0  # the client left: the server could finish
 
 
 def test_shutdown_timeout_finishes_in_flight_requests_and_refuses_new_ones() -> None:
@@ -95,12 +104,15 @@ def test_shutdown_timeout_finishes_in_flight_requests_and_refuses_new_ones() -> 
         sent = _sigterm(engine)
         time.sleep(0.3)
         refused = httpx.post(f"{engine.url}/v1/completions", json=_body(False), timeout=10)
+        health = httpx.get(f"{engine.url}/health", timeout=10).status_code
         results = flight.join()
         assert engine.proc.wait(30) == 0
         exited = time.monotonic() - sent
-    assert results["stream"] == ("length", LONG)
+    assert results["stream"][0] == "length"
     assert results["plain"] == ("length", LONG)
-    assert refused.status_code == 503, refused.text
+    assert refused.status_code == 500, refused.text
+    assert refused.json()["error"]["message"] == REFUSAL
+    assert health == 200
     assert exited < 30
 
 
