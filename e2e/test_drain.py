@@ -90,11 +90,20 @@ class Pools:
         )
 
     def wait(self, role: str, count: int, image: str | None = None) -> None:
+        def details() -> str:
+            pods = [
+                f"{p.metadata.name} deleting={bool(p.metadata.deletion_timestamp)} "
+                f"{[(c.type, c.status) for c in p.status.conditions or []]}"
+                for p in self.pods(role)
+            ]
+            deployment = self.apps.read_namespaced_deployment(f"{NAME}-{role}", NAMESPACE).status
+            return f"{pods}\n{deployment}\n{self.runner.report()}"
+
         eventually(
             lambda: self.settled(role, count, image),
             timeout_s=90,
             what=f"{role} settled at {count} pods{f' on {image}' if image else ''}",
-            details=self.runner.report,
+            details=details,
         )
 
     def router(self) -> RunningPod:

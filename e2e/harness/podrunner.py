@@ -118,6 +118,11 @@ class PodRunner:
         parts = [
             f"{p.namespace}/{p.name} {p.role} {p.ip} pid={p.child.pid}" for p in self.snapshot()
         ]
+        parts += [
+            f"TERMINATING {p.namespace}/{p.name} pid={p.child.pid}"
+            for p in self.terminating.values()
+        ]
+        parts += [f"TERMINATED {t}" for t in self.terminations]
         parts += [f"EXITED {p.name}:\n{log_tail(p.child.log)}" for p in self.exited]
         parts += [f"ERROR {error}" for error in self.errors]
         return "\n".join(parts) or "(no pods)"
@@ -247,8 +252,10 @@ class PodRunner:
                 self._core.delete_namespaced_pod(
                     running.name,
                     running.namespace,
-                    grace_period_seconds=0,
-                    body=k8s.V1DeleteOptions(preconditions=k8s.V1Preconditions(uid=running.uid)),
+                    body=k8s.V1DeleteOptions(
+                        grace_period_seconds=0,
+                        preconditions=k8s.V1Preconditions(uid=running.uid),
+                    ),
                 )
             except k8s.ApiException as error:
                 if error.status not in (404, 409):  # already gone, or another pod by that name
