@@ -182,7 +182,8 @@ def test_eviction_rollouts_and_scale_down_under_load_fail_no_request(pools: Pool
         what="the prefill budget allowing one disruption",
     )  # fmt: skip
     started = time.monotonic()
-    load = Load(url, MODEL).start()
+    # Every fourth request runs for seconds: some are always in flight when an engine is told to stop.
+    load = Load(url, MODEL, long_tokens=3000).start()
     steps: dict[str, float] = {}
     try:
         time.sleep(2)
