@@ -210,13 +210,13 @@ def test_eviction_rollouts_and_scale_down_under_load_fail_no_request(pools: Pool
     elapsed = time.monotonic() - started
     prefill, decode = _terminations(pools.runner, "prefill"), _terminations(pools.runner, "decode")
     lines = [
-        f"{t.role} {t.name}: preStop {t.pre_stop_s:.1f} s, exit {t.exit_after_sigterm_s:.2f} s "
-        f"after SIGTERM, killed {t.killed}"
+        f"{t.role} {t.name}: preStop {t.pre_stop_s:.1f} s, {t.held_at_sigterm} requests held at "
+        f"SIGTERM, exit {t.exit_after_sigterm_s:.2f} s after it, killed {t.killed}"
         for t in prefill + decode
     ]
     print(
         f"\nload: {result.sent} requests in {elapsed:.1f} s, {result.ok} ok, "
-        f"{len(result.failures)} failed; steps: "
+        f"{len(result.failures)} failed, longest {result.longest_s:.1f} s; steps: "
         + ", ".join(f"{k} {v:.1f} s" for k, v in steps.items())
         + "\n"
         + "\n".join(lines)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 class LoadResult:
     sent: int = 0
     ok: int = 0
+    longest_s: float = 0.0
     failures: list[str] = field(default_factory=list)
 
 
@@ -77,8 +78,10 @@ class Load:
             tokens = self.long_tokens if number % self.long_every == 0 else self.short_tokens
             stream = number % 2 == 0
             prompt = f"worker {worker} request {number}: " + "drain me gently. " * 40
+            started = time.monotonic()
             problem = self._one(prompt, tokens, stream)
             with self._lock:
+                self.result.longest_s = max(self.result.longest_s, time.monotonic() - started)
                 if problem is None:
                     self.result.ok += 1
                 else:

@@ -47,6 +47,7 @@ class TerminationRecord:
     exit_after_sigterm_s: float | None = None  # None until the process exits
     killed: bool = False  # SIGKILLed at the end of the grace period
     exit_code: int | None = None
+    held_at_sigterm: int | None = None  # an engine's running + waiting requests, from /metrics
     events: list[str] = field(default_factory=list)
 
 
@@ -64,6 +65,24 @@ def grace_seconds(pod: Mapping[str, Any]) -> float:
     if grace is None:
         grace = pod["spec"].get("terminationGracePeriodSeconds", 30)
     return float(grace)
+
+
+def requests_held(pod: Mapping[str, Any]) -> int | None:
+    """An engine pod's running and waiting requests now (vLLM's gauges), None if not an engine
+    or not answering: what its drain has to finish."""
+    if (pod["metadata"].get("labels") or {}).get("tandem.dev/role") not in ("prefill", "decode"):
+        return None
+    try:
+        url = f"http://{pod['status']['podIP']}:8000/metrics"
+        with urllib.request.urlopen(url, timeout=1) as answer:
+            text = answer.read().decode()
+    except OSError:
+        return None
+    held = 0.0
+    for line in text.splitlines():
+        if line.startswith(("vllm:num_requests_running{", "vllm:num_requests_waiting{")):
+            held += float(line.rsplit(" ", 1)[1])
+    return int(held)
 
 
 def _port(pod: Mapping[str, Any], port: int | str) -> int:
@@ -132,6 +151,7 @@ def terminate(
             run_pre_stop(hook, pod, env=env, tandem=tandem, deadline=deadline, stop=stop)
         )
         record.pre_stop_s = time.monotonic() - started
+    record.held_at_sigterm = requests_held(pod)
     sigterm_at = time.monotonic()
     if child.alive():
         with contextlib.suppress(ProcessLookupError):

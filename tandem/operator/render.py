@@ -50,6 +50,7 @@ ROUTER_PORT = 8000
 ALL_INTERFACES = "0.0.0.0"
 # /metrics and /engines: never on the client-facing port (Envoy's admin port number).
 ROUTER_ADMIN_PORT = 9901
+ROUTER_PRE_STOP_S = 5
 ROUTER_CONFIG_DIR = "/etc/tandem"
 ROUTER_CONFIG_KEY = "router.yaml"
 
@@ -668,6 +669,8 @@ def router_deployment(sc: ServingCluster) -> dict[str, Any]:
             "initialDelaySeconds": 10,
         },
         "securityContext": container_security_context(ROUTER_UID, router.security_context),
+        # Out of the Service's endpoints before SIGTERM; then timeouts.shutdownSeconds to finish.
+        "lifecycle": {"preStop": {"sleep": {"seconds": ROUTER_PRE_STOP_S}}},
     }
     init_containers, tokenizer_volumes, tokenizer_mounts = tokenizer_pod_parts(
         sc, container_security_context(ROUTER_UID, router.security_context)

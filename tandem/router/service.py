@@ -137,7 +137,7 @@ class RouterService:
     async def stop(self) -> None:
         if self._watcher is not None:
             self._watcher.stop()
-        await self.server.close()
+        await self.server.close(self.config.timeouts.shutdown_s)
         if self.admin_server is not None:
             await self.admin_server.close()
         await self.monitor.stop()

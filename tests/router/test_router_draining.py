@@ -69,3 +69,32 @@ def test_a_draining_engines_refusal_goes_to_another_engine() -> None:
     assert statuses == [200] * 12
     assert refused >= 1  # some went to the draining engine first
     assert held["answer"] == "length"  # what it held, it finished
+
+
+def test_a_router_told_to_stop_finishes_the_streams_it_serves() -> None:
+    """SIGTERM: the router stops listening at once and finishes what it serves
+    (`timeouts.shutdownSeconds`), then exits."""
+    engine = Engine(None, speedup=1.0)
+    with running(engine):
+        router = Router(["--worker", engine.url])
+        with running(router):
+            body = {
+                "model": "tiny",
+                "prompt": SHORT,
+                "max_tokens": 200,
+                "ignore_eos": True,
+                "stream": True,
+            }
+            with httpx.stream(
+                "POST", f"{router.url}/v1/completions", json=body, timeout=30
+            ) as answer:
+                lines = answer.iter_lines()
+                assert next(line for line in lines if line.startswith("data: "))
+                router.proc.send_signal(signal.SIGTERM)
+                time.sleep(0.3)
+                with pytest.raises(httpx.ConnectError):
+                    httpx.get(f"{router.url}/livez", timeout=2)
+                rest = [line for line in lines if line.startswith("data: ")]
+            assert router.proc.wait(20) == 0
+    assert rest[-1] == "data: [DONE]"
+    assert '"finish_reason":"length"' in rest[-2].replace(" ", "")
