@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
-from harness import EngineProcess, PDCluster, metrics_of
+from harness import STARTUP_S, EngineProcess, PDCluster, metrics_of
 
 from tandem.operator.render import ENGINE_KEY_ENV
 from tandem.router.handoff import prefill_body
@@ -28,19 +28,21 @@ LONG = 600  # tokens of a request that is still running when the signal comes
 # (a stream's chunks may carry several tokens each: its count is of chunks)
 
 
-def _restarted(engine: EngineProcess, shutdown_timeout: int) -> EngineProcess:
-    """`engine`'s spec, on its ports, with `--shutdown-timeout` set, started and healthy."""
-    argv = list(engine.spec.argv)
-    if "--shutdown-timeout" in argv:
-        at = argv.index("--shutdown-timeout")
-        del argv[at : at + 2]
-    spec = dataclasses.replace(
-        engine.spec, argv=[*argv, "--shutdown-timeout", str(shutdown_timeout)]
-    )
+def _shutdown_timeout(engine: EngineProcess) -> int:
+    argv = engine.spec.argv
+    return int(argv[len(argv) - argv[::-1].index("--shutdown-timeout")])
+
+
+def _with(engine: EngineProcess, shutdown_timeout: int) -> EngineProcess:
+    """`engine` healthy with `--shutdown-timeout` at this value: itself when the plan renders it
+    so, else one started on its ports with the flag given again (the last value counts)."""
+    if _shutdown_timeout(engine) == shutdown_timeout and engine.alive() and engine.healthy():
+        return engine
+    argv = [*engine.spec.argv, "--shutdown-timeout", str(shutdown_timeout)]
     engine.stop()
-    fresh = EngineProcess(spec, engine.log_path.parent)
+    fresh = EngineProcess(dataclasses.replace(engine.spec, argv=argv), engine.log_path.parent)
     fresh.start()
-    fresh.wait_healthy()
+    fresh.wait_healthy(STARTUP_S * 2)  # this loaded machine may need it
     return fresh
 
 
@@ -178,38 +180,14 @@ def _probe(engine: EngineProcess) -> str:
         return repr(error)
 
 
-def test_default_sigterm_leaves_in_flight_requests_unanswered(engines: PDCluster) -> None:
-    """`--shutdown-timeout 0` (vLLM's default): the engine core is killed at once, the port
-    closes, and the requests it held get nothing more, not even an abort: their clients wait
-    until they give up (here a 15 s read timeout), and only then does the API server exit."""
-    engine = engines.decode = _restarted(engines.decode, 0)
-    flight = InFlight(engine, timeout_s=15)
-    assert flight.streaming.wait(60), flight.summary()
-    sent = _sigterm(engine)
-    time.sleep(5)
-    alive_while_waiting = engine.alive()
-    during = _probe(engine)
-    flight.join(60)
-    clients_gave_up = time.monotonic()
-    exited = _wait_exit(engine, 60)
-    print(
-        f"abort mode: 5 s after SIGTERM alive {alive_while_waiting}, new request: {during}; "
-        f"clients gave up {clients_gave_up - sent:.2f} s after SIGTERM, exit "
-        f"{exited - sent:.2f} s after SIGTERM; {flight.summary()}"
-    )
-    assert alive_while_waiting
-    assert "ConnectError" in during
-    assert flight.stream_finish is None  # no abort chunk, no [DONE]
-    assert "ReadTimeout" in str(flight.stream_error)
-    assert "ReadTimeout" in str(flight.plain_error)
-
-
 def test_shutdown_timeout_drains_in_flight_requests_and_refuses_new_ones(
     engines: PDCluster,
 ) -> None:
-    """`--shutdown-timeout 60`: the stream and the plain request both get every token; a request
+    """`--shutdown-timeout` as the operator renders it: the stream and the plain request both get every token; a request
     that arrives during the drain is refused; the engine exits once they are done."""
-    engine = engines.decode = _restarted(engines.decode, 60)
+    engines.ensure_engines(engines.decode)
+    engine = engines.decode
+    assert _shutdown_timeout(engine) >= 60  # the operator's rendering (105 s by default)
     flight = InFlight(engine)
     assert flight.streaming.wait(60), flight.summary()
     sent = _sigterm(engine)
@@ -272,7 +250,7 @@ def _pulls(engine: EngineProcess) -> tuple[float, float]:
     )
 
 
-@pytest.mark.parametrize("shutdown_timeout", [60, 0])
+@pytest.mark.parametrize("shutdown_timeout", [105, 0])
 def test_prefill_engine_on_sigterm_with_kv_awaiting_a_pull(
     engines: PDCluster, shutdown_timeout: int
 ) -> None:
@@ -281,7 +259,7 @@ def test_prefill_engine_on_sigterm_with_kv_awaiting_a_pull(
     work), then exits; without one it exits at once and the pull fails (the decode pool's
     `recompute` policy still answers)."""
     engines.ensure_engines(engines.decode)
-    prefill = engines.prefill = _restarted(engines.prefill, shutdown_timeout)
+    prefill = engines.prefill = _with(engines.prefill, shutdown_timeout)
     decode = engines.decode
     # One handoff first: the NIXL handshake between the two is done before the measured one.
     _decode(decode, PROMPT + "warm", _prefill(prefill, PROMPT + "warm"))
@@ -311,3 +289,29 @@ def test_prefill_engine_on_sigterm_with_kv_awaiting_a_pull(
         assert failed == 0
     else:
         assert not alive_before_pull
+
+
+def test_default_sigterm_leaves_in_flight_requests_unanswered(engines: PDCluster) -> None:
+    """`--shutdown-timeout 0` (vLLM's default): the engine core is killed at once, the port
+    closes, and the requests it held get nothing more, not even an abort: their clients wait
+    until they give up (here a 15 s read timeout), and only then does the API server exit."""
+    engine = engines.decode = _with(engines.decode, 0)
+    flight = InFlight(engine, timeout_s=15)
+    assert flight.streaming.wait(60), flight.summary()
+    sent = _sigterm(engine)
+    time.sleep(5)
+    alive_while_waiting = engine.alive()
+    during = _probe(engine)
+    flight.join(60)
+    clients_gave_up = time.monotonic()
+    exited = _wait_exit(engine, 60)
+    print(
+        f"abort mode: 5 s after SIGTERM alive {alive_while_waiting}, new request: {during}; "
+        f"clients gave up {clients_gave_up - sent:.2f} s after SIGTERM, exit "
+        f"{exited - sent:.2f} s after SIGTERM; {flight.summary()}"
+    )
+    assert alive_while_waiting
+    assert "ConnectError" in during
+    assert flight.stream_finish is None  # no abort chunk, no [DONE]
+    assert "ReadTimeout" in str(flight.stream_error)
+    assert "ReadTimeout" in str(flight.plain_error)
