@@ -182,8 +182,9 @@ def test_eviction_rollouts_and_scale_down_under_load_fail_no_request(pools: Pool
         what="the prefill budget allowing one disruption",
     )  # fmt: skip
     started = time.monotonic()
-    # Every fourth request runs for seconds: some are always in flight when an engine is told to stop.
-    load = Load(url, MODEL, long_tokens=3000).start()
+    # Every fourth request runs for about 10 s, longer than the preStop: some are still on a
+    # decode engine at its SIGTERM, and it is vLLM's own drain that finishes them.
+    load = Load(url, MODEL, long_tokens=8000).start()
     steps: dict[str, float] = {}
     try:
         time.sleep(2)
@@ -232,3 +233,4 @@ def test_eviction_rollouts_and_scale_down_under_load_fail_no_request(pools: Pool
         assert not record.killed, record
         assert record.exit_code == 0, record
     assert not [p for p in pools.runner.exited if p.namespace == NAMESPACE]
+    assert sum(t.held_at_sigterm or 0 for t in decode) >= 1, lines
