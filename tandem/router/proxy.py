@@ -470,7 +470,10 @@ class CompletionProxy:
     async def _refused(self, engine: Engine, response: Response) -> bool:
         """Reads a decode engine's 500; True (the request released) when it is vLLM's refusal of a
         draining engine. Otherwise the body stays readable for the client's answer."""
-        body = await response.read()
+        try:
+            body = await response.read()
+        except UpstreamError:
+            return False  # the relay meets the same error and answers it
         if not refused_while_draining(response.status, body):
             return False
         engine.in_flight -= 1
