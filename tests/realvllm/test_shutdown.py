@@ -292,27 +292,28 @@ def test_prefill_engine_on_sigterm_with_kv_awaiting_a_pull(
         assert failed >= 1
 
 
-def test_default_sigterm_leaves_in_flight_requests_unanswered(engines: PDCluster) -> None:
-    """`--shutdown-timeout 0` (vLLM's default): the engine core is killed at once, the port
-    closes, and the requests it held get nothing more, not even an abort: their clients wait
-    until they give up (here a 15 s read timeout), and only then does the API server exit."""
+def test_default_sigterm_loses_in_flight_requests(engines: PDCluster) -> None:
+    """`--shutdown-timeout 0` (vLLM's default): the EngineCore is killed at once and the port
+    closes; no request in flight finishes. Two outcomes were seen, racing the EngineCore's own
+    abort against its SIGKILL: the stream ends with `finish_reason: abort` and the plain request's
+    connection is reset as the server exits; or neither gets anything more, and the API server
+    waits for its clients to give up (here a 15 s read timeout) before it exits."""
     engine = engines.decode = _with(engines.decode, 0)
     flight = InFlight(engine, timeout_s=15)
     assert flight.streaming.wait(60), flight.summary()
     sent = _sigterm(engine)
     time.sleep(5)
-    alive_while_waiting = engine.alive()
+    alive_after_5_s = engine.alive()
     during = _probe(engine)
     flight.join(60)
-    clients_gave_up = time.monotonic()
+    clients_done = time.monotonic()
     exited = _wait_exit(engine, 60)
     print(
-        f"abort mode: 5 s after SIGTERM alive {alive_while_waiting}, new request: {during}; "
-        f"clients gave up {clients_gave_up - sent:.2f} s after SIGTERM, exit "
-        f"{exited - sent:.2f} s after SIGTERM; {flight.summary()}"
+        f"abort mode: alive 5 s after SIGTERM {alive_after_5_s}, new request: {during}; "
+        f"clients done {clients_done - sent:.2f} s after SIGTERM, exit {exited - sent:.2f} s "
+        f"after SIGTERM; {flight.summary()}"
     )
-    assert alive_while_waiting
     assert "ConnectError" in during
-    assert flight.stream_finish is None  # no abort chunk, no [DONE]
-    assert "ReadTimeout" in str(flight.stream_error)
-    assert "ReadTimeout" in str(flight.plain_error)
+    assert flight.stream_finish in (None, "abort"), flight.summary()
+    assert flight.stream_tokens < LONG
+    assert flight.plain is None or _finish(flight.plain[1])[0] != "length", flight.summary()
