@@ -6,10 +6,12 @@ run to their end, and a prefill engine's KV leases stay until the decode engines
 (or the leases expire), for at most N seconds, after which what is left is aborted; then the port
 closes and the process exits.
 
-0 (vLLM's default, "abort"): vLLM kills its engine core at once, before it can answer the
-requests it held, and closes its port; its HTTP server then waits for those requests' handlers,
-which never end: the clients get nothing more and the process exits only when every client has
-given up, or when it is SIGKILLed (a kubelet's grace period). The emulator does the same.
+0 (vLLM's default, "abort"): vLLM kills its engine core at once and closes its port; no request
+in flight finishes. Racing the engine core's own abort against its SIGKILL, vLLM either ends
+them aborted (a stream's `finish_reason: abort`, a plain request's connection reset as it
+exits), or leaves them with nothing more while its HTTP server waits for their handlers, which
+never end, so that the process exits only when every client has given up or on SIGKILL (a
+kubelet's grace period). The emulator does the latter, the worse of the two.
 """
 
 from __future__ import annotations
