@@ -168,7 +168,7 @@ def test_eviction_rollouts_and_scale_down_under_load_fail_no_request(pools: Pool
     router = pools.router()
     url = f"http://{router.ip}:8000"
     eventually(
-        lambda: Load(url, MODEL)._one("warm up", 4, stream=False) is None,
+        lambda: Load(url, MODEL).request("warm up", 4, stream=False) is None,
         timeout_s=60,
         what="a first completion through the router",
         details=pools.runner.report,

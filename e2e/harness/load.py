@@ -79,7 +79,7 @@ class Load:
             stream = number % 2 == 0
             prompt = f"worker {worker} request {number}: " + "drain me gently. " * 40
             started = time.monotonic()
-            problem = self._one(prompt, tokens, stream)
+            problem = self.request(prompt, tokens, stream)
             with self._lock:
                 self.result.longest_s = max(self.result.longest_s, time.monotonic() - started)
                 if problem is None:
@@ -87,7 +87,8 @@ class Load:
                 else:
                     self.result.failures.append(f"#{number} stream={stream}: {problem}")
 
-    def _one(self, prompt: str, tokens: int, stream: bool) -> str | None:
+    def request(self, prompt: str, tokens: int, stream: bool) -> str | None:
+        """One request; None when it was answered whole, else what went wrong."""
         body = {
             "model": self.model,
             "prompt": prompt,
