@@ -42,7 +42,11 @@ def _with(engine: EngineProcess, shutdown_timeout: int) -> EngineProcess:
     engine.stop()
     fresh = EngineProcess(dataclasses.replace(engine.spec, argv=argv), engine.log_path.parent)
     fresh.start()
-    fresh.wait_healthy(STARTUP_S * 2)  # this loaded machine may need it
+    try:
+        fresh.wait_healthy(STARTUP_S * 2)  # this loaded machine may need it
+    except BaseException:
+        fresh.stop()  # not yet the pair's: nothing else would stop it
+        raise
     return fresh
 
 
