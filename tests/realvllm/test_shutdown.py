@@ -298,10 +298,10 @@ def test_prefill_engine_on_sigterm_with_kv_awaiting_a_pull(
 
 def test_default_sigterm_loses_in_flight_requests(engines: PDCluster) -> None:
     """`--shutdown-timeout 0` (vLLM's default): the EngineCore is killed at once and the port
-    closes; no request in flight finishes. Two outcomes were seen, racing the EngineCore's own
-    abort against its SIGKILL: the stream ends with `finish_reason: abort` and the plain request's
-    connection is reset as the server exits; or neither gets anything more, and the API server
-    waits for its clients to give up (here a 15 s read timeout) before it exits."""
+    closes; no request in flight finishes. Racing the EngineCore's own abort against its SIGKILL,
+    the stream ends with `finish_reason: abort` and the plain request gets an abort too or has its
+    connection reset as the server exits; or neither gets anything more, and the API server waits
+    for its clients to give up (here a 15 s read timeout) before it exits."""
     engine = engines.decode = _with(engines.decode, 0)
     flight = InFlight(engine, timeout_s=15)
     assert flight.streaming.wait(60), flight.summary()
