@@ -1,8 +1,10 @@
-"""The stand-in kubelet: runs one local process per Running pod on the KWOK node, stops it when the pod goes."""
+"""The stand-in kubelet: runs one local process per Running pod on the KWOK node, and terminates it
+as a kubelet does when the pod is deleted (preStop, SIGTERM, grace, SIGKILL: termination.py)."""
 
 from __future__ import annotations
 
 import base64
+import datetime
 import os
 import sys
 import threading
@@ -17,6 +19,8 @@ from kubernetes import client as k8s
 from e2e.harness.cluster import NODE_NAME, ControlPlane
 from e2e.harness.podspec import LaunchPlan, UnsupportedPod, plan_pod
 from e2e.harness.processes import Child, Supervisor, log_tail
+from e2e.harness.readiness import awaits_readiness, probe_passes, ready_patch
+from e2e.harness.termination import RUNNER_ANNOTATION, TerminationRecord, grace_seconds, terminate
 
 ROOT = Path(__file__).resolve().parents[2]  # this checkout: the pods run its package
 
@@ -61,11 +65,14 @@ class PodRunner:
         self.exited: list[RunningPod] = []  # processes that died while their pod stayed
         self.history: list[RunningPod] = []  # every process started, in order
         self.errors: list[str] = []
+        self.terminating: dict[str, RunningPod] = {}  # deleted pods whose process is stopping
+        self.terminations: list[TerminationRecord] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="pod-runner", daemon=True)
         self._core = k8s.CoreV1Api(plane.api_client())
         self._credentials: dict[tuple[str, str], Path] = {}
+        self._terminators: list[threading.Thread] = []
 
     # -- public --------------------------------------------------------------------------------
 
@@ -78,10 +85,12 @@ class PodRunner:
         # are bound to it by PR_SET_PDEATHSIG); then the thread, then anything it started last.
         self._stop.set()
         with self._lock:
-            for running in list(self.pods.values()):
+            for running in [*self.pods.values(), *self.terminating.values()]:
                 self.supervisor.stop(running.child, grace_s=3)
             self.pods.clear()
         self._thread.join(timeout=10)
+        for thread in list(self._terminators):
+            thread.join(timeout=10)
         self.supervisor.stop_all()
 
     def leftovers(self) -> list[int]:
@@ -109,6 +118,11 @@ class PodRunner:
         parts = [
             f"{p.namespace}/{p.name} {p.role} {p.ip} pid={p.child.pid}" for p in self.snapshot()
         ]
+        parts += [
+            f"TERMINATING {p.namespace}/{p.name} pid={p.child.pid}"
+            for p in self.terminating.values()
+        ]
+        parts += [f"TERMINATED {t}" for t in self.terminations]
         parts += [f"EXITED {p.name}:\n{log_tail(p.child.log)}" for p in self.exited]
         parts += [f"ERROR {error}" for error in self.errors]
         return "\n".join(parts) or "(no pods)"
@@ -134,18 +148,19 @@ class PodRunner:
         )
         api = self._core.api_client
         wanted: dict[str, dict[str, Any]] = {}
+        deleted: dict[str, dict[str, Any]] = {}
         for item in listing.items:
             pod = api.sanitize_for_serialization(item)
             status = pod.get("status", {})
-            if (
-                pod["metadata"].get("deletionTimestamp") is None
-                and status.get("phase") == "Running"
-                and status.get("podIP")
-            ):
+            if pod["metadata"].get("deletionTimestamp") is not None:
+                deleted[pod["metadata"]["uid"]] = pod
+            elif status.get("phase") == "Running" and status.get("podIP"):
                 wanted[pod["metadata"]["uid"]] = pod
         with self._lock:
             for uid in list(self.pods):
-                if uid not in wanted:
+                if uid in deleted:
+                    self._begin_termination(self.pods.pop(uid), deleted[uid])
+                elif uid not in wanted:  # gone without a graceful deletion (force-deleted)
                     self.supervisor.stop(self.pods.pop(uid).child, grace_s=3)
             # A process that died stays listed under its pod (so it is not restarted in a loop)
             # and is reported once in `exited`.
@@ -155,6 +170,18 @@ class PodRunner:
             for uid, pod in wanted.items():
                 if uid not in self.pods and not self._stop.is_set():
                     self._launch(pod)
+            unready = [
+                pod
+                for uid, pod in wanted.items()
+                if uid in self.pods and self.pods[uid].child.alive() and awaits_readiness(pod)
+            ]
+        for pod in unready:
+            if probe_passes(pod):
+                now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+                meta = pod["metadata"]
+                self._core.patch_namespaced_pod_status(
+                    meta["name"], meta["namespace"], ready_patch(now)
+                )
 
     def _launch(self, pod: Mapping[str, Any]) -> None:
         meta = pod["metadata"]
@@ -186,6 +213,64 @@ class PodRunner:
             child=child,
         )
         self.history.append(running)
+        # From here on the pod's deletion is this runner's to finish, as it is a kubelet's.
+        try:
+            self._core.patch_namespaced_pod(
+                meta["name"],
+                meta["namespace"],
+                {"metadata": {"annotations": {RUNNER_ANNOTATION: str(child.pid)}}},
+            )
+        except k8s.ApiException as error:  # deleted meantime: KWOK removed it, sync stops it
+            self._record_error(f"annotating {meta['name']}: {error.reason}")
+
+    def _begin_termination(self, running: RunningPod, pod: Mapping[str, Any]) -> None:
+        """Terminates the pod's process in a thread of its own, then removes the Pod object."""
+        record = TerminationRecord(
+            running.namespace,
+            running.name,
+            running.role,
+            grace_seconds(pod),
+            next(
+                iter((pod["spec"]["containers"][0].get("lifecycle") or {}).get("preStop", {})), ""
+            ),
+        )
+        self.terminating[running.uid] = running
+        self.terminations.append(record)
+        seen_at = time.monotonic()
+
+        def run() -> None:
+            try:
+                terminate(
+                    running.child,
+                    pod,
+                    record,
+                    env=_base_env() | running.plan.env,
+                    tandem=self.tandem,
+                    seen_at=seen_at,
+                    stop=self._stop,
+                )
+                self._core.delete_namespaced_pod(
+                    running.name,
+                    running.namespace,
+                    body=k8s.V1DeleteOptions(
+                        grace_period_seconds=0,
+                        preconditions=k8s.V1Preconditions(uid=running.uid),
+                    ),
+                )
+            except k8s.ApiException as error:
+                if error.status not in (404, 409):  # already gone, or another pod by that name
+                    self._record_error(f"removing {running.name}: {error.reason}")
+            except Exception as error:
+                self._record_error(f"terminating {running.name}: {error!r}")
+            finally:
+                with self._lock:
+                    self.terminating.pop(running.uid, None)
+                    if running.child in self.supervisor.children:
+                        self.supervisor.children.remove(running.child)
+
+        thread = threading.Thread(target=run, name=f"terminate-{running.name}", daemon=True)
+        self._terminators.append(thread)
+        thread.start()
 
     def _pod_credentials(self, pod: Mapping[str, Any]) -> Path:
         """The pod's ServiceAccount identity, as the kubelet's projected token would give it."""

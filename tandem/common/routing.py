@@ -151,3 +151,7 @@ class TimeoutConfig(SettingsModel):
     """Longest silence between two chunks of a decode stream."""
     request_s: float = Field(600.0, gt=0, alias="requestSeconds")
     """A whole request, admission queue included."""
+    shutdown_s: float = Field(20.0, ge=0, alias="shutdownSeconds")
+    """On SIGTERM the router stops listening and closes idle connections; requests being served
+    get this long to finish (the rendered router pod: a 5 s preStop, then this, within its 30 s
+    grace period)."""

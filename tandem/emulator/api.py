@@ -30,6 +30,7 @@ from tandem.emulator.responses import (
     stream_error_event,
     with_permission,
 )
+from tandem.emulator.shutdown import refusal
 from tandem.emulator.sleep_api import SleepEndpoints
 from tandem.emulator.validation import Generation, RequestValidator, json_body
 
@@ -239,6 +240,8 @@ class OpenAIServer:
         job = self._job(http, self.validator.generation(body, chat))
         if self.engine.dead:
             raise internal_error()
+        if self.engine.shutting_down:
+            raise refusal()
         if self.faults.should_fail():
             self.faults.request_done()
             return error_response(internal_error(), headers)

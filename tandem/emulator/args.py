@@ -103,6 +103,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="/sleep, /wake_up, /is_sleeping (with VLLM_SERVER_DEV_MODE=1), as vLLM on a GPU",
     )
+    v.add_argument(
+        "--shutdown-timeout",
+        type=int,
+        default=0,
+        help="seconds to drain in-flight requests on SIGTERM (0: abort them)",
+    )
     e = p.add_argument_group("emulator options")
     e.add_argument(
         "--timing-profile",
@@ -299,6 +305,7 @@ def parse_args(argv: list[str]) -> tuple[EngineConfig, list[str], str]:
         enable_server_load_tracking=ns.enable_server_load_tracking,
         enable_request_id_headers=ns.enable_request_id_headers,
         enable_sleep_mode=ns.enable_sleep_mode,
+        shutdown_timeout_s=ns.shutdown_timeout,
         timing_profile=ns.timing_profile,
         speedup=ns.speedup,
         kv_events_bind_host=ns.kv_events_bind_host,

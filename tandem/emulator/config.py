@@ -104,6 +104,7 @@ class EngineConfig(BaseModel):
     enable_server_load_tracking: bool = False
     enable_request_id_headers: bool = False
     enable_sleep_mode: bool = False
+    shutdown_timeout_s: int = Field(0, ge=0)  # --shutdown-timeout: 0 aborts, N drains
     # emulator options
     timing_profile: str | None = None
     speedup: float = Field(1.0, gt=0)

@@ -126,6 +126,8 @@ class EmulatedEngine:
         self.idle = asyncio.Event()  # set each time the loop runs out of work
         self._task: asyncio.Task[None] | None = None
         self.dead = False
+        self.shutting_down = False  # SIGTERM came: new requests are refused (shutdown.py)
+        self.stopped = False
         self.num_finished = 0
 
     # ------------------------------------------------------------------ lifecycle
@@ -167,6 +169,10 @@ class EmulatedEngine:
         self._task = asyncio.get_running_loop().create_task(self._guarded_run(), name="engine-loop")
 
     async def stop(self) -> None:
+        """Stops the loop, the KV connector and the event publisher; a second call does nothing."""
+        if self.stopped:
+            return
+        self.stopped = True
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

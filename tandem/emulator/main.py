@@ -16,6 +16,7 @@ from tandem.emulator.args import parse_args
 from tandem.emulator.config import EngineConfig
 from tandem.emulator.engine import EmulatedEngine
 from tandem.emulator.profile import load_profile
+from tandem.emulator.shutdown import shut_down
 from tandem.emulator.tokenizer import PromptTokenizer
 
 log = logging.getLogger("tandem.emulator")
@@ -63,6 +64,7 @@ async def serve(
         ready.set()
     try:
         await stop.wait()
+        await shut_down(engine, config.shutdown_timeout_s, site.stop, lambda: server.in_flight)
     finally:
         await runner.cleanup()
         await engine.stop()

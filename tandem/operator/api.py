@@ -174,6 +174,16 @@ class RolloutStrategy(_Model):
     )
 
 
+class DrainSpec(_Model):
+    """How a pod of the pool leaves when Kubernetes removes it (scale-down, rollout, eviction, node
+    drain): out of routing first, then vLLM's own drain, within terminationGracePeriodSeconds."""
+
+    pre_stop_seconds: int = Field(5, ge=0, le=300, alias="preStopSeconds")
+    """Seconds between the pod's removal and vLLM's SIGTERM (a preStop sleep). The router drops a
+    terminating pod from its pool as soon as its watch shows the deletion; meanwhile the engine
+    keeps serving, so a request already on its way still lands. 0 sends SIGTERM at once."""
+
+
 # --- spec -------------------------------------------------------------------------------------
 
 
@@ -423,7 +433,11 @@ class PoolSpec(_Model):
     rollout: RolloutStrategy = Field(default_factory=RolloutStrategy)
     """Rolling-update limits of this pool."""
     termination_grace_period_seconds: int = Field(120, ge=0, alias="terminationGracePeriodSeconds")
-    """Time a pod gets to finish in-flight requests after SIGTERM."""
+    """Time a removed pod gets to leave: the preStop sleep (drain.preStopSeconds), then vLLM's own
+    drain of its in-flight requests and KV handoffs (--shutdown-timeout, the rest less a teardown
+    margin), then SIGKILL."""
+    drain: DrainSpec = Field(default_factory=DrainSpec)
+    """How a removed pod is drained (docs/reliability.md, "Drain-safe removal")."""
     security_context: dict[str, Any] | None = Field(None, alias="securityContext")
     """A core/v1 SecurityContext of the vLLM container, merged over Tandem's default (non-root uid
     1000, no privilege escalation, every capability dropped, read-only root filesystem, seccomp

@@ -24,6 +24,7 @@ from tandem.operator.api import (
     Toleration,
     pool_replicas,
 )
+from tandem.operator.drain import engine_lifecycle, shutdown_timeout
 from tandem.operator.gpu_sharing import WHOLE_GPU, gpu_memory_utilization, gpu_resource
 from tandem.operator.lora_render import lora_args, lora_env
 from tandem.operator.tokenizer import engine_chat_template, router_tokenizer, tokenizer_pod_parts
@@ -51,6 +52,7 @@ ROUTER_PORT = 8000
 ALL_INTERFACES = "0.0.0.0"
 # /metrics and /engines: never on the client-facing port (Envoy's admin port number).
 ROUTER_ADMIN_PORT = 9901
+ROUTER_PRE_STOP_S = 5
 ROUTER_CONFIG_DIR = "/etc/tandem"
 ROUTER_CONFIG_KEY = "router.yaml"
 
@@ -197,6 +199,7 @@ def vllm_args(sc: ServingCluster, role: Role, ports: EnginePorts = POD_PORTS) ->
         "--kv-events-config", _compact_json(kv_events_config(ports)),
         "--max-num-batched-tokens", str(pool.max_num_batched_tokens),
         "--gpu-memory-utilization", str(gpu_memory_utilization(engine, pool)),
+        "--shutdown-timeout", str(shutdown_timeout(pool)),
     ]  # fmt: skip
     if disaggregated(sc):
         args += ["--kv-transfer-config", _compact_json(kv_transfer_config(sc, role))]
@@ -413,6 +416,7 @@ def engine_deployment(sc: ServingCluster, role: Role) -> dict[str, Any]:
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": container_security_context(ENGINE_UID, pool.security_context),
         **engine_probes(probes),
+        **engine_lifecycle(pool),
     }
     pod_spec: dict[str, Any] = {
         "securityContext": pod_security_context(ENGINE_UID, pool.pod_security_context),
@@ -674,6 +678,8 @@ def router_deployment(sc: ServingCluster) -> dict[str, Any]:
             "initialDelaySeconds": 10,
         },
         "securityContext": container_security_context(ROUTER_UID, router.security_context),
+        # Out of the Service's endpoints before SIGTERM; then timeouts.shutdownSeconds to finish.
+        "lifecycle": {"preStop": {"sleep": {"seconds": ROUTER_PRE_STOP_S}}},
     }
     init_containers, tokenizer_volumes, tokenizer_mounts = tokenizer_pod_parts(
         sc, container_security_context(ROUTER_UID, router.security_context)

@@ -326,6 +326,10 @@ class HttpConnection(asyncio.Protocol):
     def _busy(self) -> bool:
         return self._task is not None and not self._task.done()
 
+    def serving(self) -> bool:
+        """A request is being served (or waits its turn) on this connection."""
+        return bool(self._pending) or self._busy()
+
     def _pause_reading(self) -> None:
         if not self._reading_paused and self.transport is not None:
             self._reading_paused = True
@@ -367,7 +371,7 @@ class HttpConnection(asyncio.Protocol):
     async def _serve(self) -> None:
         while self._pending and not self.closed:
             request, keep_alive = self._pending.popleft()
-            responder = Responder(self, keep_alive)
+            responder = Responder(self, keep_alive and not self.server.closing)
             try:
                 await self.handler(request, responder)
             except (ClientGone, ConnectionError):
@@ -399,6 +403,7 @@ class HttpServer:
         self.limits = limits or HttpLimits()
         self.connections: set[HttpConnection] = set()
         self.counts: dict[str, int] = {}
+        self.closing = False  # close() began: no response keeps its connection alive
         self._server: asyncio.base_events.Server | None = None
 
     def count(self, event: str) -> None:
@@ -418,10 +423,23 @@ class HttpServer:
         sock = self._server.sockets[0]
         return int(sock.getsockname()[1])
 
-    async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
+    async def close(self, grace_s: float = 0.0) -> None:
+        """Stops listening; requests being served get up to `grace_s` to finish, their responses
+        saying `Connection: close`. Idle connections close at once (nginx's graceful shutdown)."""
+        if self._server is None:
+            return
+        self.closing = True
+        self._server.close()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace_s
+        while True:
             for conn in list(self.connections):
-                if conn.transport is not None:
+                if not conn.serving() and conn.transport is not None:
                     conn.transport.close()
-            await self._server.wait_closed()
+            if not self.connections or loop.time() >= deadline:
+                break
+            await asyncio.sleep(0.05)
+        for conn in list(self.connections):
+            if conn.transport is not None:
+                conn.transport.close()
+        await self._server.wait_closed()

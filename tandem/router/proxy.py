@@ -27,6 +27,7 @@ from tandem.router.decision import (
     RoutePlan,
     plan_route,
 )
+from tandem.router.draining import refused_while_draining
 from tandem.router.engines import Engine
 from tandem.router.errors import error_body, sse_error_event
 from tandem.router.features import Features
@@ -413,6 +414,9 @@ class CompletionProxy:
             if answer is None:
                 continue
             status, data = answer
+            if refused_while_draining(status, data):
+                metrics.child(metrics.upstream_errors, "prefill", engine.id, "draining").inc()
+                continue
             if status in _RETRY_STATUSES:
                 metrics.child(metrics.upstream_errors, "prefill", engine.id, str(status)).inc()
                 continue
@@ -507,6 +511,21 @@ class CompletionProxy:
             engine.in_flight -= 1
             response.release()  # closes the socket if incomplete: the engine aborts the request
 
+    async def _refused(self, engine: Engine, response: Response) -> bool:
+        """Reads a decode engine's 500; True (the request released) when it is vLLM's refusal of a
+        draining engine. Otherwise the body stays readable for the client's answer."""
+        try:
+            body = await response.read()
+        except UpstreamError:
+            return False  # the relay meets the same error and answers it
+        if not refused_while_draining(response.status, body):
+            return False
+        engine.in_flight -= 1
+        engine.pending -= 1
+        response.release()
+        self.metrics.child(self.metrics.upstream_errors, "decode", engine.id, "draining").inc()
+        return True
+
     async def _open_decode(
         self, call: Call, ranking: list[Engine], payload: bytes, route: Route
     ) -> tuple[Engine, Response | None]:
@@ -514,7 +533,8 @@ class CompletionProxy:
         and None. The engine's in_flight and pending counts include the request from here on
         (pending until its first byte).
 
-        An engine that could not be reached moves on to the next (`may_try_another_engine`).
+        An engine that could not be reached moves on to the next (`may_try_another_engine`), as
+        does one that refused the request because it is draining (`refused_while_draining`).
         """
         headers = [("content-type", "application/json"), ("x-request-id", call.request_id)]
         if call.timing.upstream_start is None:
@@ -538,5 +558,8 @@ class CompletionProxy:
                 if may_try_another_engine(exc, route):
                     continue
                 return engine, None
+            plain = not (response.header("content-type") or "").startswith("text/event-stream")
+            if response.status == 500 and plain and await self._refused(engine, response):
+                continue
             return engine, response
         return engine, None

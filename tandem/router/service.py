@@ -158,7 +158,7 @@ class RouterService:
     async def stop(self) -> None:
         if self._watcher is not None:
             self._watcher.stop()
-        await self.server.close()
+        await self.server.close(self.config.timeouts.shutdown_s)
         if self.epp is not None:
             await self.epp.stop()
         if self.admin_server is not None:

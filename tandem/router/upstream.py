@@ -147,6 +147,7 @@ class Response:
         self.conn = conn
         self.loop = asyncio.get_running_loop()
         self.status = 0
+        self._body: bytes | None = None  # once read whole
         self.headers: list[tuple[str, str]] = []
         self.keep_alive = True
         self.complete = False
@@ -227,7 +228,10 @@ class Response:
 
     async def read(self) -> bytes:
         """The whole body, then `release()`. No async generator on this path: a whole answer
-        usually arrives with its head, and then nothing here waits at all."""
+        usually arrives with its head, and then nothing here waits at all. A second call
+        returns the same body."""
+        if self._body is not None:
+            return self._body
         parts: list[bytes] = []
         try:
             while True:
@@ -240,7 +244,8 @@ class Response:
                     break
         finally:
             self.release()
-        return parts[0] if len(parts) == 1 else b"".join(parts)
+        self._body = parts[0] if len(parts) == 1 else b"".join(parts)
+        return self._body
 
     def release(self) -> None:
         """Return the connection to the pool if the response completed cleanly, else close it."""

@@ -24,6 +24,7 @@ MODULE_ORDER = [
     "test_render",
     "test_failures",
     "test_lora",
+    "test_shutdown",
     "test_up",
     "test_engine_context",
 ]

@@ -1,0 +1,323 @@
+"""What vLLM 0.32 does on SIGTERM (docs/protocols.md §9): with its default `--shutdown-timeout 0`
+it aborts every in-flight request at once; with `--shutdown-timeout N` it keeps serving the
+requests it holds, for up to N seconds, refuses new ones, and a prefill engine stays up until the
+decode engine has pulled the KV it handed off. The signal goes to the API server alone, as a
+kubelet sends it to a container's first process; the engines are restarted with the flag each
+test needs, on their own ports."""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from harness import STARTUP_S, EngineProcess, PDCluster, metrics_of
+
+from tandem.operator.render import ENGINE_KEY_ENV
+from tandem.router.handoff import prefill_body
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+PROMPT = "An engine asked to stop while it still holds this request's tokens. " * 6
+LONG = 600  # tokens of a request that is still running when the signal comes
+# (a stream's chunks may carry several tokens each: its count is of chunks)
+
+
+def _shutdown_timeout(engine: EngineProcess) -> int:
+    argv = engine.spec.argv
+    return int(argv[len(argv) - argv[::-1].index("--shutdown-timeout")])
+
+
+def _with(engine: EngineProcess, shutdown_timeout: int) -> EngineProcess:
+    """`engine` healthy with `--shutdown-timeout` at this value: itself when the plan renders it
+    so, else one started on its ports with the flag given again (the last value counts)."""
+    if _shutdown_timeout(engine) == shutdown_timeout and engine.alive() and engine.healthy():
+        return engine
+    argv = [*engine.spec.argv, "--shutdown-timeout", str(shutdown_timeout)]
+    engine.stop()
+    fresh = EngineProcess(dataclasses.replace(engine.spec, argv=argv), engine.log_path.parent)
+    fresh.start()
+    try:
+        fresh.wait_healthy(STARTUP_S * 2)  # this loaded machine may need it
+    except BaseException:
+        fresh.stop()  # not yet the pair's: nothing else would stop it
+        raise
+    return fresh
+
+
+@pytest.fixture
+def engines(pd_cluster: PDCluster) -> Iterator[PDCluster]:
+    """The shared pair; whatever a test started in its place is stopped and the pair restored."""
+    original = pd_cluster.prefill, pd_cluster.decode
+    yield pd_cluster
+    for engine in (pd_cluster.prefill, pd_cluster.decode):
+        if engine not in original:
+            engine.stop()
+    pd_cluster.prefill, pd_cluster.decode = original
+
+
+def _sigterm(engine: EngineProcess) -> float:
+    """SIGTERM to the API server process only (a container's PID 1); the time it was sent."""
+    assert engine.proc is not None
+    engine.proc.send_signal(signal.SIGTERM)
+    return time.monotonic()
+
+
+def _wait_exit(engine: EngineProcess, timeout_s: float) -> float:
+    assert engine.proc is not None
+    engine.proc.wait(timeout_s)
+    return time.monotonic()
+
+
+def _auth(engine: EngineProcess) -> dict[str, str]:
+    """The engine key the plan gives every engine (`Authorization: Bearer`), if any."""
+    key = engine.spec.env.get(ENGINE_KEY_ENV)
+    return {"authorization": f"Bearer {key}"} if key else {}
+
+
+class InFlight:
+    """One streamed and one plain completion of LONG tokens, run in threads; what each got."""
+
+    def __init__(self, engine: EngineProcess, timeout_s: float = 120) -> None:
+        self.url = engine.url
+        self.timeout_s = timeout_s
+        self.headers = _auth(engine)
+        self.stream_tokens = 0
+        self.stream_finish: str | None = None
+        self.stream_events: list[str] = []
+        self.stream_error: str | None = None
+        self.plain: tuple[int, Any] | None = None
+        self.plain_error: str | None = None
+        self.streaming = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._stream, daemon=True),
+            threading.Thread(target=self._plain, daemon=True),
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def _body(self, stream: bool) -> dict[str, Any]:
+        return {
+            "model": "tiny",
+            "prompt": PROMPT,
+            "max_tokens": LONG,
+            "stream": stream,
+            "ignore_eos": True,
+        }
+
+    def _stream(self) -> None:
+        try:
+            with httpx.stream(
+                "POST",
+                f"{self.url}/v1/completions",
+                json=self._body(True),
+                headers=self.headers,
+                timeout=self.timeout_s,
+            ) as answer:
+                for line in answer.iter_lines():
+                    if not line.startswith("data: "):
+                        continue
+                    data = line[6:]
+                    self.stream_events.append(data[:200])
+                    if data == "[DONE]":
+                        continue
+                    chunk = httpx.Response(200, content=data).json()
+                    for choice in chunk.get("choices") or []:
+                        self.stream_tokens += 1
+                        self.stream_finish = choice.get("finish_reason") or self.stream_finish
+                    if self.stream_tokens >= 3:
+                        self.streaming.set()
+        except httpx.HTTPError as error:
+            self.stream_error = repr(error)
+        finally:
+            self.streaming.set()
+
+    def _plain(self) -> None:
+        try:
+            answer = httpx.post(
+                f"{self.url}/v1/completions",
+                json=self._body(False),
+                headers=self.headers,
+                timeout=self.timeout_s,
+            )
+            self.plain = (answer.status_code, answer.json() if answer.content else None)
+        except (httpx.HTTPError, ValueError) as error:
+            self.plain_error = repr(error)
+
+    def join(self, timeout_s: float) -> None:
+        for thread in self._threads:
+            thread.join(timeout_s)
+            assert not thread.is_alive(), "an in-flight request hung"
+
+    def summary(self) -> str:
+        return (
+            f"stream: {self.stream_tokens} tokens, finish {self.stream_finish}, "
+            f"error {self.stream_error}, last events {self.stream_events[-2:]}; "
+            f"plain: {self.plain if self.plain is None else (self.plain[0], _finish(self.plain[1]))} "
+            f"error {self.plain_error}"
+        )
+
+
+def _finish(body: Any) -> Any:
+    if isinstance(body, dict) and body.get("choices"):
+        choice = body["choices"][0]
+        return choice.get("finish_reason"), body.get("usage", {}).get("completion_tokens")
+    return body
+
+
+def _probe(engine: EngineProcess) -> str:
+    """What a new request gets now: its status and the start of its body, or the error."""
+    try:
+        answer = httpx.post(
+            f"{engine.url}/v1/completions",
+            json={"model": "tiny", "prompt": "new work", "max_tokens": 4},
+            headers=_auth(engine),
+            timeout=30,
+        )
+        return f"{answer.status_code} {answer.text[:160]}"
+    except httpx.HTTPError as error:
+        return repr(error)
+
+
+def test_shutdown_timeout_drains_in_flight_requests_and_refuses_new_ones(
+    engines: PDCluster,
+) -> None:
+    """`--shutdown-timeout` as the operator renders it: the stream and the plain request both get every token; a request
+    that arrives during the drain is refused; the engine exits once they are done."""
+    engines.ensure_engines(engines.decode)
+    engine = engines.decode
+    assert _shutdown_timeout(engine) >= 60  # the operator's rendering (105 s by default)
+    flight = InFlight(engine)
+    assert flight.streaming.wait(60), flight.summary()
+    sent = _sigterm(engine)
+    time.sleep(0.5)
+    during = _probe(engine)
+    health = httpx.get(f"{engine.url}/health", timeout=10).status_code
+    flight.join(120)
+    finished = time.monotonic()
+    exited = _wait_exit(engine, 90)
+    after = _probe(engine)
+    print(
+        f"drain mode: requests done {finished - sent:.2f} s, exit {exited - sent:.2f} s after "
+        f"SIGTERM; new request during the drain: {during}; /health during: {health}; "
+        f"after exit: {after}; {flight.summary()}"
+    )
+    assert flight.stream_finish == "length", flight.summary()
+    assert flight.stream_events[-1] == "[DONE]", flight.summary()
+    assert flight.plain is not None
+    assert _finish(flight.plain[1]) == ("length", LONG)
+    assert not during.startswith("200"), during
+    assert "ConnectError" in after
+
+
+def _prefill(engine: EngineProcess, prompt: str) -> dict[str, Any]:
+    answer = httpx.post(
+        f"{engine.url}/v1/completions",
+        content=prefill_body({"model": "tiny", "prompt": prompt, "max_tokens": 8}),
+        headers={"content-type": "application/json", **_auth(engine)},
+        timeout=60,
+    )
+    assert answer.status_code == 200, answer.text
+    params: dict[str, Any] = answer.json()["kv_transfer_params"]
+    return params
+
+
+def _decode(engine: EngineProcess, prompt: str, params: dict[str, Any]) -> dict[str, Any]:
+    answer = httpx.post(
+        f"{engine.url}/v1/completions",
+        json={
+            "model": "tiny",
+            "prompt": prompt,
+            "max_tokens": 8,
+            "ignore_eos": True,
+            "kv_transfer_params": params,
+        },
+        headers=_auth(engine),
+        timeout=120,
+    )
+    assert answer.status_code == 200, answer.text
+    body: dict[str, Any] = answer.json()
+    return body
+
+
+def _pulls(engine: EngineProcess) -> tuple[float, float]:
+    """(NIXL transfers done, failed) of a decode engine so far."""
+    seen = metrics_of(engine.url)
+    return (
+        seen.get("vllm:nixl_xfer_time_seconds_count", 0.0),
+        seen.get("vllm:nixl_num_failed_transfers_total", 0.0),
+    )
+
+
+@pytest.mark.parametrize("shutdown_timeout", [105, 0])
+def test_prefill_engine_on_sigterm_with_kv_awaiting_a_pull(
+    engines: PDCluster, shutdown_timeout: int
+) -> None:
+    """A prefill engine SIGTERMed after its answer, before the decode engine's pull. With a
+    shutdown timeout it stays up until the pull is done (a finished request whose blocks the
+    connector holds counts as work), then exits; without one its EngineCore is killed at once and
+    the pull fails (the decode pool's rendered `recompute` policy still answers)."""
+    engines.ensure_engines(engines.decode)
+    prefill = engines.prefill = _with(engines.prefill, shutdown_timeout)
+    decode = engines.decode
+    # One handoff first: the NIXL handshake between the two is done before the measured one.
+    _decode(decode, PROMPT + "warm", _prefill(prefill, PROMPT + "warm"))
+    # No block in common with the warm-up: the decode engine must pull every one.
+    prompt = f"Blocks held over SIGTERM with a shutdown timeout of {shutdown_timeout}. " * 8
+    params = _prefill(prefill, prompt)
+    pulls_before = _pulls(decode)
+    sent = _sigterm(prefill)
+    time.sleep(2.0)
+    alive_before_pull = prefill.alive()
+    started = time.monotonic()
+    answer = _decode(decode, prompt, params)
+    answered = time.monotonic()
+    exited = _wait_exit(prefill, 120)
+    pulls_after = _pulls(decode)
+    done, failed = (b - a for a, b in zip(pulls_before, pulls_after, strict=True))
+    print(
+        f"prefill SIGTERM, --shutdown-timeout {shutdown_timeout}: alive 2 s later "
+        f"{alive_before_pull}; decode answered in {answered - started:.2f} s "
+        f"({answer['usage']['completion_tokens']} tokens); pulls done {done}, failed {failed}; "
+        f"prefill exited {exited - sent:.2f} s after SIGTERM"
+    )
+    assert answer["usage"]["completion_tokens"] == 8
+    if shutdown_timeout:
+        assert alive_before_pull
+        assert done >= 1
+        assert failed == 0
+    else:  # the EngineCore was killed at SIGTERM: the pull fails, the decode engine recomputes
+        assert done == 0
+        assert failed >= 1
+
+
+def test_default_sigterm_loses_in_flight_requests(engines: PDCluster) -> None:
+    """`--shutdown-timeout 0` (vLLM's default): the EngineCore is killed at once and the port
+    closes; no request in flight finishes. Racing the EngineCore's own abort against its SIGKILL,
+    the stream ends with `finish_reason: abort` and the plain request gets an abort too or has its
+    connection reset as the server exits; or neither gets anything more, and the API server waits
+    for its clients to give up (here a 15 s read timeout) before it exits."""
+    engine = engines.decode = _with(engines.decode, 0)
+    flight = InFlight(engine, timeout_s=15)
+    assert flight.streaming.wait(60), flight.summary()
+    sent = _sigterm(engine)
+    time.sleep(5)
+    alive_after_5_s = engine.alive()
+    during = _probe(engine)
+    flight.join(60)
+    clients_done = time.monotonic()
+    exited = _wait_exit(engine, 60)
+    print(
+        f"abort mode: alive 5 s after SIGTERM {alive_after_5_s}, new request: {during}; "
+        f"clients done {clients_done - sent:.2f} s after SIGTERM, exit {exited - sent:.2f} s "
+        f"after SIGTERM; {flight.summary()}"
+    )
+    assert "ConnectError" in during
+    assert flight.stream_finish in (None, "abort"), flight.summary()
+    assert flight.stream_tokens < LONG
+    assert flight.plain is None or _finish(flight.plain[1])[0] != "length", flight.summary()
