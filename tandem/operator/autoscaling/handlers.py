@@ -8,7 +8,8 @@ Each evaluation, per pool:
   2. reads the pool's signals from Prometheus (queries.py); failures become MetricsUnavailable;
   3. calls the pure `decide` (decision.py) with the state kept since the last evaluation;
   4. writes `status.autoscaling.<pool>` and the ScalingLimited / MetricsUnavailable conditions;
-  5. sets the Deployment's replicas (a merge patch, field manager tandem-operator);
+  5. sets the Deployment's replicas (a merge patch, field manager tandem-operator), after
+     ranking the pods of a shrinking pool by cache (deletion_cost.py);
   6. posts an Event on a size change, on hitting a limit, and on losing or regaining metrics.
 The status is written before the scale so that a reconcile in between renders the new size.
 An evaluation that raises sets ScalingActive=False with a Warning Event, and the loop goes on.
@@ -30,6 +31,7 @@ from pydantic import ValidationError
 from tandem.common.roles import LABEL_CLUSTER, LABEL_ROLE, ROLES, Role
 from tandem.operator.api import API_VERSION, GROUP, KIND, PLURAL, VERSION, AutoscalingSpec
 from tandem.operator.autoscaling.decision import Decision, ScalingMemory, decide
+from tandem.operator.autoscaling.deletion_cost import rank_pool_for_scale_down
 from tandem.operator.autoscaling.policy import PoolPolicy, pool_policies
 from tandem.operator.autoscaling.prometheus import PrometheusClient, PrometheusUnavailable
 from tandem.operator.autoscaling.queries import PoolSelector, read_pool_signals
@@ -176,6 +178,9 @@ async def evaluate(
     await asyncio.to_thread(kube.patch_status, API_VERSION, KIND, namespace, name, status)
     for pool, decision in decisions.items():
         if decision.changed:
+            if decision.desired < decision.current:
+                selector = PoolSelector(namespace=namespace, cluster=name, pool=pool)
+                await rank_pool_for_scale_down(kube, autoscaling.prometheus_url, selector, logger)
             await asyncio.to_thread(
                 scale_deployment, kube, namespace, deployments[pool][0], decision.desired
             )
