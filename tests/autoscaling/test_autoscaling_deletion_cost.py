@@ -11,7 +11,9 @@ from tandem.operator.autoscaling.deletion_cost import (
     annotation_patches,
     deletion_ranks,
     removal_cost_query,
+    shrinking_pools,
 )
+from tandem.operator.api import ServingCluster, parse_manifest
 from tandem.operator.autoscaling.queries import PoolSelector
 
 
@@ -47,3 +49,30 @@ def test_query_averages_the_routers_over_the_pool() -> None:
         "avg by (engine_pod) (tandem_router_engine_removal_cost"
         '{namespace="serving",tandem_dev_cluster="llama",pool="prefill"})'
     )
+
+
+def cluster(**spec: Any) -> ServingCluster:
+    return parse_manifest(
+        {
+            "apiVersion": "tandem.dev/v1alpha1",
+            "kind": "ServingCluster",
+            "metadata": {"name": "m", "namespace": "ns"},
+            "spec": {"model": {"name": "m"}, **spec},
+        }
+    )
+
+
+def deployment(replicas: int) -> dict[str, Any]:
+    return {"spec": {"replicas": replicas}}
+
+
+def test_a_reconcile_ranks_the_pools_it_lowers() -> None:
+    sc = cluster(prefill={"replicas": 2}, decode={"replicas": 3})
+    live = {"prefill": deployment(2), "decode": deployment(5), "router": deployment(9)}
+    assert shrinking_pools(sc, live) == ["decode"]
+    assert shrinking_pools(sc, {"prefill": None, "decode": deployment(1)}) == []
+
+
+def test_no_ranking_while_keda_or_an_hpa_sizes_the_pools() -> None:
+    sc = cluster(decode={"replicas": 1}, autoscaling={"enabled": True, "provider": "hpa"})
+    assert shrinking_pools(sc, {"decode": deployment(4)}) == []

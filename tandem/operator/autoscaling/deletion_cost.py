@@ -13,6 +13,10 @@ routes on the approximate one), and writes on every pod of the pool
     rank(pod) = 1 + number of distinct costs below cost(pod)    (0 for a pod with no cost read)
     tandem.dev/removal-cost                    = cost(pod)       (what the rank came from)
 
+The autoscaler ranks a pool before it scales it down; a reconcile ranks a pool before it applies
+a lower count than its Deployment has (a user lowered spec.<pool>.replicas). Under KEDA or an HPA
+the Deployments are resized by them, without a ranking.
+
 The ReplicaSet controller removes pods with a lower deletion cost first, once unscheduled,
 pending and unready pods are gone, so the pod whose cache the pool can best spare goes first. A
 pod the router does not know (not Ready yet, or not yet discovered) has no cache the router can
@@ -31,10 +35,12 @@ from typing import Any
 
 import kopf
 
-from tandem.common.roles import LABEL_CLUSTER, LABEL_ROLE, Role
+from tandem.common.roles import LABEL_CLUSTER, LABEL_ROLE, ROLES, Role
+from tandem.operator.api import ServingCluster, pool_replicas
 from tandem.operator.autoscaling.prometheus import PrometheusClient, PrometheusUnavailable
 from tandem.operator.autoscaling.queries import PoolSelector
 from tandem.operator.kube import FIELD_MANAGER, Kube, NotFound, object_path
+from tandem.operator.render import Component, external_scaling
 
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 REMOVAL_COST = "tandem.dev/removal-cost"
@@ -152,3 +158,32 @@ async def rank_pool_for_scale_down(
     ranks = deletion_ranks([pod["metadata"]["name"] for pod in pods], costs)
     logger.info(f"cache-aware scale-down of {selector.pool}: pod-deletion-cost ranks {ranks}")
     return ranks
+
+
+def shrinking_pools(
+    sc: ServingCluster, deployments: Mapping[Component, Mapping[str, Any] | None]
+) -> list[Role]:
+    """The pools a reconcile of `sc` would shrink: rendered replicas below the replicas of the
+    pool's live Deployment in `deployments` (by role); none while KEDA or an HPA sizes them."""
+    if external_scaling(sc):
+        return []
+    shrinking: list[Role] = []
+    for pool in ROLES:
+        live = deployments.get(pool)
+        if live is not None and pool_replicas(sc, pool) < int(
+            live.get("spec", {}).get("replicas", 1)
+        ):
+            shrinking.append(pool)
+    return shrinking
+
+
+def rank_before_reconcile(
+    kube: Kube, sc: ServingCluster, deployments: Mapping[Component, Mapping[str, Any] | None]
+) -> None:
+    """`rank_pool_for_scale_down` of every pool the coming apply shrinks (from a handler thread)."""
+    logger = logging.getLogger("tandem.operator.scale_down")
+    for pool in shrinking_pools(sc, deployments):
+        selector = PoolSelector(namespace=sc.namespace, cluster=sc.name, pool=pool)
+        asyncio.run(
+            rank_pool_for_scale_down(kube, sc.spec.autoscaling.prometheus_url, selector, logger)
+        )
