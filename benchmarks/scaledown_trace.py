@@ -59,6 +59,9 @@ from tandem.bench.spec import Trace
 from tandem.common.ports import free_port
 
 CHOICES = ("cache-aware", "default")
+# The environment router_bench.start_engine gives an engine (its hash seed; dev mode's
+# /reset_prefix_cache), for an engine started again on the same command line.
+ENGINE_ENV = {"PYTHONHASHSEED": "0", "VLLM_SERVER_DEV_MODE": "1"}
 
 
 @dataclass
@@ -119,6 +122,31 @@ async def engines_view(url: str) -> list[dict[str, Any]]:
         return list(await response.json())
 
 
+async def router_sees(setup: Setup, engine: Proc, healthy: bool) -> None:
+    for _ in range(150):  # at most 15 s: the monitor checks /health every 2 s
+        view = {e["url"]: e for e in await engines_view(setup.router.url)}
+        if view[engine.url]["healthy"] == healthy:
+            return
+        await asyncio.sleep(0.1)
+    raise RuntimeError(f"{setup.router.name}: {engine.url} not healthy={healthy} after 15 s")
+
+
+async def leave(setup: Setup) -> None:
+    """Stop the youngest engine before the replay: it joins at --join-seconds (a scale-up)."""
+    setup.engines[-1].stop()
+    await router_sees(setup, setup.engines[-1], healthy=False)
+
+
+async def join(setup: Setup) -> None:
+    """Start the youngest engine again, on the same ports and flags, with an empty cache."""
+    gone = setup.engines[-1]
+    engine = Proc(gone.name, list(gone.proc.args), gone.port, ENGINE_ENV)
+    engine.kv_events = gone.kv_events
+    setup.engines[-1] = engine
+    await engine.wait_ready("/health")
+    await router_sees(setup, engine, healthy=True)
+
+
 async def remove_victim(setup: Setup) -> None:
     """Pick the victim by the setup's rule, stop it, and wait until the router has dropped it."""
     view = {e["url"]: e for e in await engines_view(setup.router.url)}
@@ -128,12 +156,7 @@ async def remove_victim(setup: Setup) -> None:
     else:
         setup.victim = setup.engines[-1]  # the youngest
     setup.victim.stop()
-    for _ in range(100):  # at most 10 s: the monitor checks /health every 2 s
-        view = {e["url"]: e for e in await engines_view(setup.router.url)}
-        if not view[setup.victim.url]["healthy"]:
-            return
-        await asyncio.sleep(0.1)
-    raise RuntimeError(f"{setup.router.name} still routes to the stopped {setup.victim.url}")
+    await router_sees(setup, setup.victim, healthy=False)
 
 
 def figures(
@@ -164,9 +187,21 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         for setup in setups:
             await asyncio.gather(*(e.wait_ready("/health") for e in setup.engines))
             await first_completion(setup.router.url, [setup.router], 90.0)
-        warm = window(args, 0.0, args.warm_seconds)
         after = window(args, args.warm_seconds, args.after_seconds)
-        warmed = await asyncio.gather(*(replay(s, warm, args) for s in setups))
+        if args.join_seconds:
+            for setup in setups:
+                await leave(setup)
+            early = window(args, 0.0, args.join_seconds)
+            joined = window(args, args.join_seconds, args.warm_seconds - args.join_seconds)
+            first = await asyncio.gather(*(replay(s, early, args) for s in setups))
+            await asyncio.gather(*(join(s) for s in setups))
+            second = await asyncio.gather(*(replay(s, joined, args) for s in setups))
+            warmed = [a.requests + b.requests for a, b in zip(first, second, strict=True)]
+        else:
+            warm = window(args, 0.0, args.warm_seconds)
+            warmed = [
+                r.requests for r in await asyncio.gather(*(replay(s, warm, args) for s in setups))
+            ]
         await asyncio.gather(*(remove_victim(s) for s in setups))
         before = await asyncio.gather(*(engine_counters(s.remaining()) for s in setups))
         records = await asyncio.gather(*(replay(s, after, args) for s in setups))
@@ -176,8 +211,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             assert setup.victim is not None
             order = [e.url for e in setup.engines]
             result[setup.choice] = figures(record, cache_delta(b, a), args.speedup) | {
-                "warm_requests": len(w.requests),
-                "warm_failed": w.summary.failed,
+                "warm_requests": len(w),
+                "warm_failed": sum(1 for r in w if not r.ok),
                 "costs": [round(setup.costs[u], 1) for u in order],  # in start order
                 "victim": order.index(setup.victim.url),
             }
@@ -248,6 +283,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trace", type=Path, required=True, help="the trace file (read in place)")
     parser.add_argument("--warm-seconds", type=float, default=120.0, help="trace s before removal")
     parser.add_argument("--after-seconds", type=float, default=120.0, help="trace s measured")
+    parser.add_argument(
+        "--join-seconds",
+        type=float,
+        help="the youngest engine is down until this trace second (a scale-up before the"
+        " scale-down); default: all engines serve from the start",
+    )
     parser.add_argument("--load", type=float, default=2.0, help="arrivals: trace time / X")
     parser.add_argument("--engines", type=int, default=4)
     parser.add_argument("--blocks", type=int, default=3000, help="KV blocks (16 tokens) per engine")

@@ -6,8 +6,8 @@ A pool Deployment of 3 pods (KWOK runs them); Prometheus scrapes a stand-in for 
 gauge from its index over real sockets is tests/router/test_router_removal_cost.py; here the
 chain from the metric onwards is under test); the operator's `rank_pool_for_scale_down` annotates
 the pods, then the Deployment shrinks as the autoscaler shrinks it (`scale_deployment`), and the
-kube-controller-manager picks the victim. Twice, with costs that favour a different pod each time,
-so neither the pods' age nor their names can explain the choice. Bounded: every wait has a deadline.
+kube-controller-manager picks the victim. Twice: first the oldest pod is ranked cheapest, the one
+the controller's own order (youngest first) would keep longest; then another. Bounded: every wait has a deadline.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import http.server
 import logging
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -44,6 +45,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 NAMESPACE = "scaledown"
 CLUSTER = "sd"
 DEPLOYMENT = f"{CLUSTER}-decode"
+OLDER_S = 20.0
 LABELS = {"tandem.dev/cluster": CLUSTER, "tandem.dev/role": "decode"}
 
 
@@ -98,7 +100,7 @@ def pool(control_plane: ControlPlane, api: k8s.ApiClient) -> Iterator[k8s.AppsV1
         {
             "metadata": {"name": DEPLOYMENT, "labels": LABELS},
             "spec": {
-                "replicas": 3,
+                "replicas": 1,
                 "selector": {"matchLabels": LABELS},
                 "template": {
                     "metadata": {"labels": LABELS},
@@ -140,11 +142,8 @@ def test_the_controller_manager_removes_the_pod_the_operator_ranked_cheapest(
     kube = Kube(api.configuration)
     selector = PoolSelector(namespace=NAMESPACE, cluster=CLUSTER, pool="decode")
     log = logging.getLogger("e2e.scaledown")
-    pods = eventually(
-        lambda: pool_at(core, 3),
-        timeout_s=60,
-        what="3 ready pool pods",
-    )
+    started = time.monotonic()
+    [oldest] = eventually(lambda: pool_at(core, 1), timeout_s=60, what="the first pool pod")
     router_labels = {"namespace": NAMESPACE, "tandem_dev_cluster": CLUSTER}
     with (
         RouterMetricsStandIn() as router,
@@ -152,9 +151,17 @@ def test_the_controller_manager_removes_the_pod_the_operator_ranked_cheapest(
             [static_job("routers", [(f"127.0.0.1:{router.port}", router_labels)])]
         ) as prometheus,
     ):
-        for replicas, cheapest in ((2, pods[1]), (1, None)):
+        # The controller compares ready times in log2 buckets (LogarithmicScaleDown) and breaks
+        # ties by uid: the first pod must be ready over twice as long as the others when round
+        # one shrinks the pool (within OLDER_S of their start), so that only the ranking can
+        # make the controller remove it.
+        time.sleep(max(0.0, OLDER_S - (time.monotonic() - started)))
+        scale_deployment(kube, NAMESPACE, DEPLOYMENT, 3)
+        eventually(lambda: pool_at(core, 3), timeout_s=60, what="3 ready pool pods")
+        # Round one ranks cheapest the pod the controller's own order removes last (the oldest);
+        # round two another pod, so the choice follows the ranking each time.
+        for replicas, cheapest in ((2, oldest), (1, None)):
             remaining = ready_pods(core)
-            # A different pod is cheapest each round: the middle one first, then the newest name.
             cheapest = cheapest or remaining[-1]
             router.costs = {
                 pod: 5.0 if pod == cheapest else 50.0 + i for i, pod in enumerate(remaining)
@@ -162,10 +169,11 @@ def test_the_controller_manager_removes_the_pod_the_operator_ranked_cheapest(
 
             def read() -> dict[str, int] | None:
                 ranks = asyncio.run(rank_pool_for_scale_down(kube, prometheus.url, selector, log))
-                return ranks if ranks and set(ranks) == set(remaining) else None  # noqa: B023
+                # Prometheus answers with its last scrape: wait for the one of these costs.
+                fresh = ranks and set(ranks) == set(remaining) and ranks[cheapest] == 1  # noqa: B023
+                return ranks if fresh else None
 
-            ranks = eventually(read, timeout_s=30, what="removal costs through Prometheus")
-            assert ranks[cheapest] == 1
+            ranks = eventually(read, timeout_s=30, what="this round's costs through Prometheus")
             assert all(rank > 1 for pod, rank in ranks.items() if pod != cheapest)
             annotated = core.read_namespaced_pod(cheapest, NAMESPACE).metadata.annotations
             assert annotated[DELETION_COST] == "1"
