@@ -20,7 +20,6 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
-
 _NO_BLOCKS: OrderedDict[int, int] = OrderedDict()
 
 

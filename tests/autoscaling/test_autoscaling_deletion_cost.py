@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tandem.operator.api import ServingCluster, parse_manifest
 from tandem.operator.autoscaling.deletion_cost import (
     DELETION_COST,
     REMOVAL_COST,
@@ -13,7 +14,6 @@ from tandem.operator.autoscaling.deletion_cost import (
     removal_cost_query,
     shrinking_pools,
 )
-from tandem.operator.api import ServingCluster, parse_manifest
 from tandem.operator.autoscaling.queries import PoolSelector
 
 
