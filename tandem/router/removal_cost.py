@@ -21,8 +21,10 @@ The cheapest engine is the one to remove first. The operator turns the costs int
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from tandem.router.index import PrefixIndex
 
@@ -48,13 +50,56 @@ def pool_of(roles: Iterable[str]) -> str:
     return "worker" if len(roles) > 1 else next(iter(roles))
 
 
-def index_removal_costs(index: PrefixIndex, pools: Mapping[str, str]) -> dict[str, float]:
-    """`removal_costs` of every engine in `pools` (engine id -> pool), each pool on its own:
-    only engines of the same pool can serve a block in the removed one's place."""
-    by_pool: dict[str, dict[str, list[int]]] = {}
+Snapshot = dict[str, dict[str, list[int]]]  # pool -> engine -> its keys, most recent first
+
+
+def index_snapshot(index: PrefixIndex, pools: Mapping[str, str]) -> Snapshot:
+    """Each engine's keys in `pools` (engine id -> pool), copied, grouped by pool: only engines of
+    the same pool can serve a block in the removed one's place."""
+    by_pool: Snapshot = {}
     for engine, pool in pools.items():
         by_pool.setdefault(pool, {})[engine] = list(index.newest_first(engine))
+    return by_pool
+
+
+def snapshot_costs(snapshot: Snapshot) -> dict[str, float]:
+    """`removal_costs` of every pool of `snapshot`, each pool on its own."""
     costs: dict[str, float] = {}
-    for blocks in by_pool.values():
+    for blocks in snapshot.values():
         costs.update(removal_costs(blocks))
     return costs
+
+
+class RemovalCostCache:
+    """The last costs computed, served at once; a read of costs older than `max_age_s` starts a
+    new computation off the event loop (the keys are copied on it, the arithmetic runs in a
+    thread: a full index is millions of blocks and would stall requests for a second). So a
+    reading is at most `max_age_s` plus one computation old; the very first is computed in place.
+    """
+
+    def __init__(
+        self,
+        snapshot: Callable[[], Snapshot],
+        max_age_s: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._snapshot = snapshot
+        self.max_age_s = max_age_s
+        self._clock = clock
+        self._costs: dict[str, float] | None = None
+        self._at = 0.0
+        self._refresh: asyncio.Task[None] | None = None
+
+    def read(self) -> dict[str, float]:
+        if self._costs is None:
+            self._costs, self._at = snapshot_costs(self._snapshot()), self._clock()
+        elif self._clock() - self._at > self.max_age_s and (
+            self._refresh is None or self._refresh.done()
+        ):
+            self._refresh = asyncio.get_running_loop().create_task(self._recompute())
+        return self._costs
+
+    async def _recompute(self) -> None:
+        at = self._clock()
+        self._costs = await asyncio.to_thread(snapshot_costs, self._snapshot())
+        self._at = at

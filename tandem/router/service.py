@@ -27,7 +27,7 @@ from tandem.router.httpserver import HttpServer, Request, Responder
 from tandem.router.kv_events import EngineBlockMap, KvEventSubscriber
 from tandem.router.monitor import EngineMonitor
 from tandem.router.proxy import CompletionProxy
-from tandem.router.removal_cost import index_removal_costs, pool_of
+from tandem.router.removal_cost import RemovalCostCache, Snapshot, index_snapshot, pool_of
 from tandem.router.state import RouterState
 from tandem.router.trust import ClientTrust
 
@@ -72,6 +72,7 @@ class RouterService:
         self._created = int(time.time())
         self.port = 0
         self.admin_port: int | None = None
+        self._removal_costs = RemovalCostCache(self._index_snapshot)
         self.metrics.add_gauges(self._gauges)
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -267,11 +268,12 @@ class RouterService:
         return _encode_json({"object": "list", "data": [model]})
 
     def removal_costs(self) -> dict[str, float]:
-        """Each engine's removal cost (`removal_cost.py`) from the index the router routes on."""
+        """Each engine's removal cost (`removal_cost.py`), at most a few seconds old."""
+        return self._removal_costs.read()
+
+    def _index_snapshot(self) -> Snapshot:
         index = self.state.exact_index if self.state.use_exact else self.state.approx_index
-        return index_removal_costs(
-            index, {e.id: pool_of(e.roles) for e in self.pool.engines.values()}
-        )
+        return index_snapshot(index, {e.id: pool_of(e.roles) for e in self.pool.engines.values()})
 
     def _describe(self, engine: Engine, costs: dict[str, float]) -> dict[str, object]:
         subscriber = self.subscribers.get(engine.id)

@@ -3,6 +3,7 @@ a running router serves in /engines and /metrics on the exact and the approximat
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import httpx
@@ -13,7 +14,13 @@ from router_harness import Engine, Router, completion, metrics, running
 from tandem.router.fallback_tokenizer import FALLBACK_TOKENIZER
 from tandem.router.index import PrefixIndex
 from tandem.router.processes import merge_engine_views
-from tandem.router.removal_cost import index_removal_costs, pool_of, removal_costs
+from tandem.router.removal_cost import (
+    RemovalCostCache,
+    index_snapshot,
+    pool_of,
+    removal_costs,
+    snapshot_costs,
+)
 
 
 def test_only_blocks_no_other_engine_holds_count() -> None:
@@ -55,7 +62,7 @@ def test_pools_are_costed_apart() -> None:
     index.store("p", [1, 2])
     index.store("d1", [1, 2])
     index.store("d2", [3])
-    costs = index_removal_costs(index, {"p": "prefill", "d1": "decode", "d2": "decode"})
+    costs = snapshot_costs(index_snapshot(index, {"p": "prefill", "d1": "decode", "d2": "decode"}))
     # The prefill pod's blocks are on a decode pod too, but no other prefill pod holds them.
     assert costs["p"] == pytest.approx(1 + 1 / 2)
     assert costs["d1"] == pytest.approx(1 + 1 / 2)
@@ -73,6 +80,28 @@ def test_index_order_is_most_recently_stored_or_routed_to_first() -> None:
     index.touch("e", [2])
     assert list(index.newest_first("e")) == [2, 1, 3]
     assert list(index.newest_first("unknown")) == []
+
+
+def test_costs_are_served_at_once_and_recomputed_off_the_loop_when_old() -> None:
+    index = PrefixIndex()
+    index.store("e", [1])
+    now = [0.0]
+    cache = RemovalCostCache(lambda: index_snapshot(index, {"e": "decode"}), 5.0, lambda: now[0])
+
+    async def scenario() -> None:
+        assert cache.read() == {"e": 1.0}  # the first reading is computed in place
+        index.store("e", [2])
+        now[0] = 4.0
+        assert cache.read() == {"e": 1.0}  # fresh enough
+        now[0] = 6.0
+        assert cache.read() == {"e": 1.0}  # old: served, and a recomputation starts
+        for _ in range(200):
+            await asyncio.sleep(0.01)
+            if cache.read() != {"e": 1.0}:
+                break
+        assert cache.read() == {"e": pytest.approx(1.0 + 0.5)}
+
+    asyncio.run(scenario())
 
 
 def test_processes_report_the_mean_cost() -> None:
@@ -119,18 +148,17 @@ def test_router_serves_each_engines_removal_cost(index: str) -> None:
                 response = completion(router, prompt)
                 assert response.status_code == 200
                 served[response.headers["x-tandem-decode-engine"]] += 1
-            field = "indexed_blocks" if index == "exact" else "history_blocks"
-            deadline = time.monotonic() + 15
-            while True:  # the exact index fills as the engines' KV events arrive
+            # The exact index fills as the engines' KV events arrive, and the costs are
+            # recomputed every few seconds: wait until both readings show every engine's blocks.
+            deadline = time.monotonic() + 30
+            while True:
                 engines = {e["url"]: e for e in httpx.get(router.url + "/engines").json()}
-                if all((engines[url][field] > 0) == (n > 0) for url, n in served.items()):
-                    break
-                assert time.monotonic() < deadline, engines
-                time.sleep(0.1)
-            time.sleep(1.0)  # the last events of the last request, before the two readings
-            engines = {e["url"]: e for e in httpx.get(router.url + "/engines").json()}
-            gauge = _gauge(metrics(router.url))
-            for url, n in served.items():
+                gauge = _gauge(metrics(router.url))
+                costs = {url: engines[url]["removal_cost"] for url in served}
                 # Distinct prompts: every block an engine holds is its own.
-                assert (engines[url]["removal_cost"] > 0) == (n > 0)
-                assert gauge[url] == pytest.approx(engines[url]["removal_cost"])
+                if all((costs[url] > 0) == (n > 0) for url, n in served.items()) and all(
+                    gauge[url] == pytest.approx(cost) for url, cost in costs.items()
+                ):
+                    break
+                assert time.monotonic() < deadline, (engines, gauge)
+                time.sleep(0.2)
