@@ -11,6 +11,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from router_harness import Engine, Router, completion, metrics, running
 
+from tandem.router.config import RouterConfig
+from tandem.router.engines import Engine as RouterEngine
 from tandem.router.fallback_tokenizer import FALLBACK_TOKENIZER
 from tandem.router.index import PrefixIndex
 from tandem.router.processes import merge_engine_views
@@ -21,6 +23,7 @@ from tandem.router.removal_cost import (
     removal_costs,
     snapshot_costs,
 )
+from tandem.router.service import RouterService
 
 
 def test_only_blocks_no_other_engine_holds_count() -> None:
@@ -162,3 +165,29 @@ def test_router_serves_each_engines_removal_cost(index: str) -> None:
                     break
                 assert time.monotonic() < deadline, (engines, gauge)
                 time.sleep(0.2)
+
+
+def test_the_gauge_names_each_engines_pod_as_discovery_found_it() -> None:
+    # Kubernetes discovery labels an engine with its pod (discovery/kubernetes.py); no engine
+    # process is needed to render the gauge of an engine the approximate index has seen.
+    config = RouterConfig.model_validate(
+        {"servedModelName": "tiny", "kvEvents": False, "static": {"decode": []}}
+    )
+    service = RouterService(config)
+    labels = {"pod": "llama-decode-5d9c-abcde", "namespace": "serving"}
+    service.add_engine(RouterEngine("http://10.0.0.7:8000", frozenset({"decode"}), labels=labels))
+    service.add_engine(RouterEngine("http://10.0.0.8:8000", frozenset({"decode"})))
+    service.state.approx_index.touch("http://10.0.0.7:8000", [1, 2, 3])
+
+    async def render() -> str:
+        return service.metrics.render().decode()
+
+    [family] = [
+        f
+        for f in text_string_to_metric_families(asyncio.run(render()))
+        if f.name == "tandem_router_engine_removal_cost"
+    ]
+    by_pod = {s.labels["engine_pod"]: s for s in family.samples}
+    assert by_pod["llama-decode-5d9c-abcde"].labels["pool"] == "decode"
+    assert by_pod["llama-decode-5d9c-abcde"].value == pytest.approx(1 + 2 / 3 + 1 / 3)
+    assert by_pod[""].value == 0.0  # a static engine has no pod
