@@ -14,14 +14,17 @@ path) in two phases:
                     order (kube-controller-manager, ActivePodsWithRanks): unscheduled before
                     scheduled, Pending before Unknown before Running, not ready before ready,
                     lower pod-deletion-cost first, more pods of the set on the same node first,
-                    ready for less time first (in log2 buckets), more restarts first, newer
-                    creation first. Four Running, Ready, never restarted engines on their own
+                    ready for less time first (in log2 buckets, ties by uid), more restarts
+                    first, newer creation first. Four Running, Ready, never restarted engines on their own
                     nodes differ only in age: the youngest goes, here the last one started;
   3. after: trace seconds [--warm-seconds, + --after-seconds), 3 engines, measured.
 
-Reported per setup for the after phase: the engines' prefix-cache hit rate
+Reported per setup: every engine's removal cost at the removal and the victim's share of their
+sum (the cache lost); for the after phase the engines' prefix-cache hit rate
 (vllm:prefix_cache_hits / queries), TTFT p50/p99 (emulated-H200 ms: wall ms x --speedup), TPOT
-p50, failures; every engine's removal cost at the removal; and the ratios cache-aware / default.
+p50, failures; and the ratios cache-aware / default. The two setups see the same arrivals but
+route on their own (load-aware scoring reacts to timing), so their caches already differ before the removal;
+compare the lost shares as well as the hit rates.
 Arrivals are the trace's time divided by --load (and follow the engines' --speedup). Bounded by
 the window and by --run-seconds per phase.
 
@@ -237,13 +240,16 @@ def report(result: dict[str, Any], args: argparse.Namespace, load_text: str) -> 
         f" speedup {args.speedup:g}); latencies in emulated ms"
     )
     print(
-        f"    {'victim':<12} {'removed':>7} {'costs at removal (start order)':<34} {'hit rate':>8}"
+        f"    {'victim':<12} {'removed':>7} {'costs at removal (start order)':<34} {'lost':>5}"
+        f" {'hit rate':>8}"
         f" {'TTFT p50':>8} {'p99':>6} {'TPOT p50':>8} {'failed':>6} {'req':>5}"
     )
     for choice, row in result.items():
         costs = " ".join(f"{c:.0f}" for c in row["costs"])
+        lost = row["costs"][row["victim"]] / sum(row["costs"]) if sum(row["costs"]) else 0.0
         print(
-            f"    {choice:<12} {'#' + str(row['victim']):>7} {costs:<34} {row['hit_rate']:8.1%}"
+            f"    {choice:<12} {'#' + str(row['victim']):>7} {costs:<34} {lost:5.0%}"
+            f" {row['hit_rate']:8.1%}"
             f" {row['ttft_p50'] or 0:8.0f} {row['ttft_p99'] or 0:6.0f} {row['tpot_p50'] or 0:8.1f}"
             f" {row['failed'] + row['warm_failed']:6d} {row['requests']:5d}"
         )
