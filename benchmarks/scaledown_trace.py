@@ -40,6 +40,7 @@ import json
 import os
 import signal
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,7 @@ from trace_peers import first_completion
 from tandem.bench.records import BenchRecord
 from tandem.bench.runner import RunOptions, Target, run_target
 from tandem.bench.spec import Trace
+from tandem.bench.trace_plan import TimedRequest, trace_requests
 from tandem.common.ports import free_port
 
 CHOICES = ("cache-aware", "default")
@@ -92,7 +94,7 @@ def start_setup(choice: str, args: argparse.Namespace) -> Setup:
         for _ in range(args.engines)
     ]
     port = free_port()
-    flags = emulated_pool_flags(engines)
+    flags = [*emulated_pool_flags(engines), "--trust-all-clients"]  # for x-tandem-debug
     router = Proc(
         f"router-{choice}", router_argv("tandem", port, [e.url for e in engines], flags), port
     )
@@ -115,9 +117,65 @@ def window(args: argparse.Namespace, start_s: float, duration_s: float) -> Trace
 
 async def replay(setup: Setup, workload: Trace, args: argparse.Namespace) -> BenchRecord:
     options = RunOptions(
-        model=MODEL, progress=False, nvml=False, request_timeout_s=args.run_seconds
+        model=MODEL,
+        progress=False,
+        nvml=False,
+        request_timeout_s=args.run_seconds,
+        headers={"x-tandem-debug": "1"},  # the router names each request's engine
     )
     return await run_target(Target(setup.choice, setup.router.url), workload, options)
+
+
+def chain_keys(block_ids: Sequence[int]) -> list[int]:
+    """One key per prefix of a request's trace blocks: equal keys, equal prefixes."""
+    keys, key = [], 0
+    for block_id in block_ids:
+        key = hash((key, block_id))
+        keys.append(key)
+    return keys
+
+
+def held_by_engine(replays: Sequence[tuple[Trace, BenchRecord]]) -> dict[str, set[int]]:
+    """engine url -> the prefixes of every request it served in `replays`, in trace blocks
+    (caches large enough to evict nothing, as --blocks sets them)."""
+    held: dict[str, set[int]] = {}
+    for spec, record in replays:
+        planned = trace_requests(spec)
+        for request in record.requests:
+            engine = request.tags.get("decode-engine")
+            if request.ok and engine:
+                held.setdefault(engine, set()).update(chain_keys(planned[request.index].block_ids))
+    return held
+
+
+def hit_bound(held: set[int], requests: Sequence[TimedRequest]) -> float:
+    """Share of the blocks of `requests` (in send order) whose prefix is in `held` or in an
+    earlier request: the hit rate of a router that always finds the prefix, with caches that
+    evict nothing; the counterfactual of a removal, on one state, free of replay noise."""
+    known, hits, total = set(held), 0, 0
+    for request in sorted(requests, key=lambda r: r.at_s):
+        hitting = True
+        for key in chain_keys(request.block_ids):
+            total += 1
+            hitting = hitting and key in known
+            hits += hitting
+            known.add(key)
+    return hits / total if total else 0.0
+
+
+def victim_bounds(
+    setup: Setup, replays: Sequence[tuple[Trace, BenchRecord]], after: Trace
+) -> list[float]:
+    """hit_bound of the after window for each engine removed (in start order), on this setup's
+    state at the removal."""
+    held = held_by_engine(replays)
+    upcoming = trace_requests(after)
+    return [
+        hit_bound(
+            set().union(*(held.get(o.url, set()) for o in setup.engines if o is not e)), upcoming
+        )
+        for e in setup.engines
+    ]
 
 
 async def engines_view(url: str) -> list[dict[str, Any]]:
@@ -143,7 +201,9 @@ async def leave(setup: Setup) -> None:
 async def join(setup: Setup) -> None:
     """Start the youngest engine again, on the same ports and flags, with an empty cache."""
     gone = setup.engines[-1]
-    engine = Proc(gone.name, list(gone.proc.args), gone.port, ENGINE_ENV)
+    argv = gone.proc.args
+    assert isinstance(argv, list)
+    engine = Proc(gone.name, argv, gone.port, ENGINE_ENV)
     engine.kv_events = gone.kv_events
     setup.engines[-1] = engine
     await engine.wait_ready("/health")
@@ -199,21 +259,23 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             first = await asyncio.gather(*(replay(s, early, args) for s in setups))
             await asyncio.gather(*(join(s) for s in setups))
             second = await asyncio.gather(*(replay(s, joined, args) for s in setups))
-            warmed = [a.requests + b.requests for a, b in zip(first, second, strict=True)]
+            replays = [[(early, a), (joined, b)] for a, b in zip(first, second, strict=True)]
         else:
             warm = window(args, 0.0, args.warm_seconds)
-            warmed = [
-                r.requests for r in await asyncio.gather(*(replay(s, warm, args) for s in setups))
-            ]
+            done = await asyncio.gather(*(replay(s, warm, args) for s in setups))
+            replays = [[(warm, record)] for record in done]
+        warmed = [[r for _, record in pairs for r in record.requests] for pairs in replays]
         await asyncio.gather(*(remove_victim(s) for s in setups))
         before = await asyncio.gather(*(engine_counters(s.remaining()) for s in setups))
         records = await asyncio.gather(*(replay(s, after, args) for s in setups))
         finished = await asyncio.gather(*(engine_counters(s.remaining()) for s in setups))
         result: dict[str, Any] = {}
-        for setup, w, record, b, a in zip(setups, warmed, records, before, finished, strict=True):
+        rows = zip(setups, replays, warmed, records, before, finished, strict=True)
+        for setup, pairs, w, record, b, a in rows:
             assert setup.victim is not None
             order = [e.url for e in setup.engines]
             result[setup.choice] = figures(record, cache_delta(b, a), args.speedup) | {
+                "bounds": victim_bounds(setup, pairs, after),
                 "warm_requests": len(w),
                 "warm_failed": sum(1 for r in w if not r.ok),
                 "costs": [round(setup.costs[u], 1) for u in order],  # in start order
@@ -252,6 +314,18 @@ def report(result: dict[str, Any], args: argparse.Namespace, load_text: str) -> 
             f" {row['hit_rate']:8.1%}"
             f" {row['ttft_p50'] or 0:8.0f} {row['ttft_p99'] or 0:6.0f} {row['tpot_p50'] or 0:8.1f}"
             f" {row['failed'] + row['warm_failed']:6d} {row['requests']:5d}"
+        )
+    print(
+        "    hit-rate bound of the after window for each engine removed, on each setup's own"
+        " state (start order):"
+    )
+    for choice, row in result.items():
+        bounds = " ".join(f"{b:.1%}" for b in row["bounds"])
+        cheapest = min(range(len(row["costs"])), key=lambda i: row["costs"][i])
+        print(
+            f"    {choice:<12} {bounds}; cheapest #{cheapest} {row['bounds'][cheapest]:.1%},"
+            f" youngest #{len(row['bounds']) - 1} {row['bounds'][-1]:.1%},"
+            f" best {max(row['bounds']):.1%}, worst {min(row['bounds']):.1%}"
         )
     aware, default = result["cache-aware"], result["default"]
     print(
