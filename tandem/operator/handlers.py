@@ -34,6 +34,7 @@ from tandem.operator.api import (
     ServingClusterStatus,
     parse_manifest,
 )
+from tandem.operator.autoscaling.deletion_cost import rank_before_reconcile
 from tandem.operator.cache import ChildUids, ObjectCache
 from tandem.operator.gateway_apply import apply_gateway
 from tandem.operator.kinds import CHILD_KINDS
@@ -489,7 +490,11 @@ def _reconcile(
         raise kopf.PermanentError(f"invalid ServingCluster: {exc}") from None
     try:
         sc, engine_key = ensure_engine_key(kube, body, sc)
-        prune = full or needs_prune(generation, sc.status.observed_generation)
+        spec_changed = needs_prune(generation, sc.status.observed_generation)
+        if spec_changed:  # an edit may lower a pool: rank its pods by cache first
+            cached = caches.cluster_deployments(sc) if caches else None
+            rank_before_reconcile(kube, sc, read_deployments(kube, sc, cached))
+        prune = full or spec_changed
         outcome = apply_children(kube, body, sc, prune, caches.children if caches else None)
         if sc.spec.gateway is not None:
             apply_gateway(kube, sc.namespace, sc.spec.gateway.name)

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+
+_NO_BLOCKS: OrderedDict[int, int] = OrderedDict()
 
 
 def _drop_bit(masks: dict[int, int], key: int, bit: int) -> None:
@@ -104,7 +106,8 @@ class PrefixIndex:
         owners = self._pending_owners
         deadline = self._clock() + self.pending_ttl_s
         for key in keys:
-            if key in blocks:  # already stored: no event will come for it
+            if key in blocks:  # already stored: no event will come for it; used again now
+                blocks.move_to_end(key)
                 continue
             pending[key] = deadline
             pending.move_to_end(key)
@@ -204,6 +207,10 @@ class PrefixIndex:
             if alive & bit:
                 result[engine] = depth
         return result
+
+    def newest_first(self, engine: str) -> Iterator[int]:
+        """`engine`'s stored keys, the most recently stored or routed to first (pending ones not)."""
+        return reversed(self._blocks.get(engine, _NO_BLOCKS))
 
     def size(self, engine: str) -> int:
         blocks = self._blocks.get(engine)

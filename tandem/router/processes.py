@@ -23,8 +23,12 @@ The engines as the router sees them (`GET /engines`) are one list over the worke
                                                 _resubscribes = sums
     kv_events_last_seq = max over processes     the scraped figures: the first process's
 
+    removal_cost = mean over processes
+
 (the block counts are copies of one index fed by the same KV events, so their maximum is its
-size), and `processes` keeps each process's own healthy, in_flight, block counts and last
+size; a removal cost is the same in every process on the exact index, and on the approximate one
+each process has seen its share of the routes, so the mean keeps the engines' order), and
+`processes` keeps each process's own healthy, in_flight, block counts and last
 sequence number (a process whose subscription lags shows there).
 """
 
@@ -82,7 +86,18 @@ def restart_delay(exits: Sequence[float], now: float) -> float:
 # Per-process figures of an engine that `merge_engine_views` combines, and how.
 _SUMMED = ("in_flight", "kv_events_replays", "kv_events_replay_rounds", "kv_events_resubscribes")
 _LARGEST = ("indexed_blocks", "history_blocks", "kv_events_last_seq")
-_PER_PROCESS = ("healthy", "in_flight", "indexed_blocks", "history_blocks", "kv_events_last_seq")
+_PER_PROCESS = (
+    "healthy",
+    "in_flight",
+    "indexed_blocks",
+    "history_blocks",
+    "kv_events_last_seq",
+    "removal_cost",
+)
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values)
 
 
 def merge_engine_views(
@@ -100,7 +115,7 @@ def merge_engine_views(
 def _merge_engine(seen: list[tuple[str, Mapping[str, Any]]]) -> dict[str, Any]:
     merged = dict(seen[0][1])
     merged["healthy"] = all(engine["healthy"] for _, engine in seen)
-    for keys, combine in ((_SUMMED, sum), (_LARGEST, max)):
+    for keys, combine in ((_SUMMED, sum), (_LARGEST, max), (("removal_cost",), _mean)):
         for key in keys:
             values = [engine[key] for _, engine in seen if engine.get(key) is not None]
             merged[key] = combine(values) if values else None

@@ -37,6 +37,7 @@ from tandem.router.lora_admin import (
 )
 from tandem.router.monitor import EngineMonitor
 from tandem.router.proxy import CompletionProxy
+from tandem.router.removal_cost import RemovalCostCache, Snapshot, index_snapshot, pool_of
 from tandem.router.state import RouterState
 from tandem.router.trust import ClientTrust
 
@@ -82,6 +83,7 @@ class RouterService:
         self._created = int(time.time())
         self.port = 0
         self.admin_port: int | None = None
+        self._removal_costs = RemovalCostCache(self._index_snapshot)
         self.metrics.add_gauges(self._gauges)
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -267,8 +269,9 @@ class RouterService:
                 200, self.metrics.render(), content_type="text/plain; version=0.0.4; charset=utf-8"
             )
         elif path == "/engines":
+            costs = self.removal_costs()
             responder.send(
-                200, _encode_json([self._describe(e) for e in self.pool.engines.values()])
+                200, _encode_json([self._describe(e, costs) for e in self.pool.engines.values()])
             )
         else:
             responder.send(404, b'{"detail":"Not Found"}')
@@ -327,7 +330,15 @@ class RouterService:
         content_type = "text/plain; charset=utf-8" if status == 200 else "application/json"
         responder.send(status, body, content_type=content_type)
 
-    def _describe(self, engine: Engine) -> dict[str, object]:
+    def removal_costs(self) -> dict[str, float]:
+        """Each engine's removal cost (`removal_cost.py`), at most a few seconds old."""
+        return self._removal_costs.read()
+
+    def _index_snapshot(self) -> Snapshot:
+        index = self.state.exact_index if self.state.use_exact else self.state.approx_index
+        return index_snapshot(index, {e.id: pool_of(e.roles) for e in self.pool.engines.values()})
+
+    def _describe(self, engine: Engine, costs: dict[str, float]) -> dict[str, object]:
         subscriber = self.subscribers.get(engine.id)
         return {
             "url": engine.url,
@@ -348,6 +359,7 @@ class RouterService:
             "kv_events": engine.kv_events,
             "indexed_blocks": self.state.exact_index.size(engine.id),
             "history_blocks": self.state.approx_index.size(engine.id),
+            "removal_cost": costs.get(engine.id, 0.0),
             "kv_events_last_seq": subscriber.last_seq if subscriber else None,
             "kv_events_replays": subscriber.replays if subscriber else None,
             "kv_events_replay_rounds": subscriber.replay_rounds if subscriber else None,
@@ -365,10 +377,20 @@ class RouterService:
             "1 if the engine passes health checks.",
             labels=["pool", "endpoint"],
         )
+        removal_cost = GaugeMetricFamily(
+            "tandem_router_engine_removal_cost",
+            "Cached blocks lost with the engine: blocks no other engine of its pool holds, each "
+            "weighted by the LRU life it has left (docs/autoscaling.md, cache-aware scale-down).",
+            labels=["pool", "endpoint", "engine_pod"],
+        )
+        costs = self.removal_costs()
         for engine in self.pool.engines.values():
-            pool = "worker" if engine.colocated else next(iter(engine.roles))
+            pool = pool_of(engine.roles)
             in_flight.add_metric([pool, engine.id], engine.in_flight)
             healthy.add_metric([pool, engine.id], 1.0 if engine.healthy else 0.0)
+            removal_cost.add_metric(
+                [pool, engine.id, engine.labels.get("pod", "")], costs.get(engine.id, 0.0)
+            )
         waiting = GaugeMetricFamily(
             "tandem_router_queue_waiting", "Requests waiting in the admission queue."
         )
@@ -389,4 +411,4 @@ class RouterService:
         )
         for reason, count in sorted(self.server.counts.items()):
             refused.add_metric([reason], count)
-        return [in_flight, healthy, waiting, blocks, connections, refused]
+        return [in_flight, healthy, removal_cost, waiting, blocks, connections, refused]

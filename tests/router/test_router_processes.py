@@ -91,7 +91,7 @@ def test_engine_views_merge_per_engine_over_processes() -> None:
     assert (a["kv_events_last_seq"], a["kv_events_replays"], a["waiting"]) == (9, 2, 3)
     assert a["processes"]["1"] == {
         "healthy": False, "in_flight": 3, "indexed_blocks": 12, "history_blocks": 0,
-        "kv_events_last_seq": 9,
+        "kv_events_last_seq": 9, "removal_cost": None,
     }  # fmt: skip
     assert (b["healthy"], b["in_flight"], b["kv_events_last_seq"]) == (True, 1, None)
     assert list(b["processes"]) == ["0"]

@@ -7,7 +7,8 @@ Each evaluation, per pool:
   1. reads the pool Deployment (labels tandem.dev/cluster, tandem.dev/role): current and ready;
   2. reads the pool's signals from Prometheus (queries.py); failures become MetricsUnavailable;
   3. calls the pure `decide` (decision.py) with the state kept since the last evaluation;
-  4. writes `status.autoscaling.<pool>` and the ScalingLimited / MetricsUnavailable conditions;
+  4. ranks the pods of a pool it shrinks by cache (deletion_cost.py), then writes
+     `status.autoscaling.<pool>` and the ScalingLimited / MetricsUnavailable conditions;
   5. sets the Deployment's replicas (a merge patch, field manager tandem-operator);
   6. posts an Event on a size change, on hitting a limit, and on losing or regaining metrics.
 The status is written before the scale so that a reconcile in between renders the new size.
@@ -30,6 +31,7 @@ from pydantic import ValidationError
 from tandem.common.roles import LABEL_CLUSTER, LABEL_ROLE, ROLES, Role
 from tandem.operator.api import API_VERSION, GROUP, KIND, PLURAL, VERSION, AutoscalingSpec
 from tandem.operator.autoscaling.decision import Decision, ScalingMemory, decide
+from tandem.operator.autoscaling.deletion_cost import rank_pool_for_scale_down
 from tandem.operator.autoscaling.planner_loop import (
     PlannerState,
     evaluate_planner,
@@ -200,6 +202,10 @@ async def evaluate(
     status["conditions"] = autoscaling_conditions(
         decisions.values(), body.get("status", {}).get("conditions") or [], stamp
     )
+    for pool, decision in decisions.items():
+        if decision.desired < decision.current:  # before status: a reconcile may apply it at once
+            selector = PoolSelector(namespace=namespace, cluster=name, pool=pool)
+            await rank_pool_for_scale_down(kube, autoscaling.prometheus_url, selector, logger)
     await asyncio.to_thread(kube.patch_status, API_VERSION, KIND, namespace, name, status)
     for pool, decision in decisions.items():
         if decision.changed:
