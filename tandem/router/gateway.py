@@ -177,8 +177,8 @@ class GatewayService:
             )
         elif path == "/engines":
             engines = [
-                {**router._describe(engine), MODEL_LABEL: router.config.served_model_name}
-                for router in self.routers
+                {**router._describe(engine, costs), MODEL_LABEL: router.config.served_model_name}
+                for router, costs in ((r, r.removal_costs()) for r in self.routers)
                 for engine in router.pool.engines.values()
             ]
             responder.send(200, _encode_json(engines))
