@@ -40,6 +40,7 @@ from tandem.router.state import RouterState
 from tandem.router.trust import ClientTrust
 from tandem.router.upstream import Response, UpstreamError, UpstreamTimeout
 from tandem.router.validation import InvalidRequest, parse_body
+from tandem.router.wake import EngineWait, wait_retry_after_s, wants_prefill
 
 log = logging.getLogger("tandem.router.proxy")
 
@@ -87,6 +88,7 @@ class CompletionProxy:
         self._ids = itertools.count(1)
         self.relay = Relay(self.metrics, self._upstream_failed)
         self.predictor = state.predictor
+        self.engine_wait = EngineWait(state.pool)
 
     # -- entry -------------------------------------------------------------------------------
 
@@ -256,11 +258,15 @@ class CompletionProxy:
         features = await self._features(call)
         plan, index_name, predictive = self._plan(call, features, target)
         metrics = self.metrics
+        if plan is None and await self._wait_for_engine():
+            plan, index_name, predictive = self._plan(call, features, target)
         if plan is None:
             metrics.child(metrics.requests, "none", "503").inc()
-            raise ClientError(
-                503, error_body(503, "no healthy decode engine"), [("retry-after", "2")]
-            )
+            limit = self.config.admission.engine_wait_s
+            retry_after = wait_retry_after_s(limit) if limit else 2
+            message = "no healthy decode engine" + (f" after waiting {limit:g}s" if limit else "")
+            raise ClientError(503, error_body(503, message), [("retry-after", str(retry_after))])
+        self._count_prefill_wanted(plan, features, call)
         placement = plan.placement
         if placement is None or predictive is None:
             await self._carry_out(call, features, plan, index_name, t_route)
@@ -287,6 +293,27 @@ class CompletionProxy:
             await self._carry_out(call, features, plan, index_name, t_route)
         finally:
             ticket.finished(call.output_tokens, call.last_event)
+
+    async def _wait_for_engine(self) -> bool:
+        """Holds the request while no decode engine is ready, up to `admission.engineWaitSeconds`
+        (scale from zero); True when one became ready."""
+        limit = self.config.admission.engine_wait_s
+        if not limit:
+            return False
+        start = time.perf_counter()
+        ready = await self.engine_wait.until_ready(limit)
+        outcome = "ready" if ready else "timeout"
+        self.metrics.child(self.metrics.engine_wait, outcome).observe(time.perf_counter() - start)
+        return ready
+
+    def _count_prefill_wanted(self, plan: RoutePlan, features: Features, call: Call) -> None:
+        prefill_ready = any(not e.colocated for e in self.state.pool.candidates("prefill"))
+        uncached = features.prompt_tokens - plan.decode.hit_blocks * self.config.block_size
+        n = call.body.get("n") or 1
+        disaggregation = self.config.disaggregation
+        local = plan.route is Route.LOCAL and not plan.decode.engine.colocated
+        if wants_prefill(local, prefill_ready, uncached, n, disaggregation):
+            self.metrics.prefill_wanted.inc()
 
     async def _carry_out(
         self, call: Call, features: Features, plan: RoutePlan, index_name: str, t_route: float
