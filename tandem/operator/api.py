@@ -489,6 +489,20 @@ class DecodeAutoscaling(_Model):
     cel_rules = (_MIN_LE_MAX,)
 
 
+class ScaleToZeroSpec(_Model):
+    """Both pools to zero engines when the cluster is idle, and back when requests arrive; the
+    router stays up and holds requests meanwhile (docs/autoscaling.md, "Scale to zero")."""
+
+    enabled: bool = False
+    """Scale both pools to zero after `idleSeconds` without requests."""
+    idle_seconds: float = Field(900, ge=0, alias="idleSeconds")
+    """No request answered, held or in flight at the router for this long: both pools go to 0."""
+    wake_timeout_seconds: float = Field(300, gt=0, le=3600, alias="wakeTimeoutSeconds")
+    """How long the router holds a request while no decode engine is ready (the router's
+    `admission.engineWaitSeconds`); past it the request gets 503 with Retry-After. Cover the
+    engines' start: scheduling, image pull and model load."""
+
+
 class AutoscalingSpec(_Model):
     """Prometheus-driven sizing of the two pools, each on its own signal."""
 
@@ -522,6 +536,8 @@ class AutoscalingSpec(_Model):
     """One step grows a pool of n to at most max(ceil(n x factor), n + scaleUpMaxPods)."""
     scale_up_max_pods: int = Field(4, ge=1, alias="scaleUpMaxPods")
     """See scaleUpMaxFactor."""
+    scale_to_zero: ScaleToZeroSpec = Field(default_factory=ScaleToZeroSpec, alias="scaleToZero")
+    """Zero engines while idle: decode wakes on the first held request, prefill once P/D pays."""
 
 
 class MonitoringSpec(_Model):

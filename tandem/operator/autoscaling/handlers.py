@@ -41,6 +41,14 @@ from tandem.operator.autoscaling.status import (
     condition,
     pool_status,
 )
+from tandem.operator.autoscaling.zero import (
+    ZeroMemory,
+    ZeroPolicy,
+    ZeroStep,
+    read_router_demand,
+    zero_decision,
+    zero_steps,
+)
 from tandem.operator.handlers import kube as operator_kube
 from tandem.operator.kube import FIELD_MANAGER, Kube, object_path
 from tandem.operator.metrics import record_decision
@@ -130,8 +138,10 @@ async def evaluate(
     states: dict[Role, ScalingMemory],
     last: dict[Role, Decision],
     logger: logging.Logger | kopf.Logger,
+    zero: ZeroClock | None = None,
 ) -> dict[Role, Decision]:
-    """One evaluation of both pools (steps 1-6 above); updates `states` and `last` in place."""
+    """One evaluation of both pools (steps 1-6 above); updates `states`, `last` and `zero` (the
+    scale-to-zero idle clock) in place."""
     name, namespace = body["metadata"]["name"], body["metadata"].get("namespace") or "default"
     policies = pool_policies(autoscaling)
     deployments = await asyncio.to_thread(pool_deployments, kube, namespace, name)
@@ -150,21 +160,27 @@ async def evaluate(
                 for pool in pools
             )
         )
-    now, stamp = time.monotonic(), _stamp()
+        now = time.monotonic()
+        steps = await _zero_steps(prometheus, autoscaling, body, deployments, zero, now)
+    stamp = _stamp()
     previous_status: Mapping[str, Any] = body.get("status", {}).get("autoscaling") or {}
     decisions: dict[Role, Decision] = {}
     status: dict[str, Any] = {"autoscaling": {}}
     for pool, (signals, why) in zip(pools, readings, strict=True):
         _, current, ready = deployments[pool]
-        decision, states[pool] = decide(
-            policies[pool],
-            signals,
-            current,
-            ready,
-            states.get(pool, ScalingMemory()),
-            now,
-            why or "no metrics",
-        )
+        if pool in steps:
+            # Scale to zero and back: the pool's own rules start afresh once it runs again.
+            decision, states[pool] = zero_decision(steps[pool], current), ScalingMemory()
+        else:
+            decision, states[pool] = decide(
+                policies[pool],
+                signals,
+                current,
+                ready,
+                states.get(pool, ScalingMemory()),
+                now,
+                why or "no metrics",
+            )
         decisions[pool] = decision
         record_decision(namespace, name, policies[pool], decision, signals, ready)
         status["autoscaling"][pool] = pool_status(
@@ -183,6 +199,42 @@ async def evaluate(
         _events(body, decision, last.get(pool))
         last[pool] = decision
     return decisions
+
+
+class ZeroClock:
+    """The scale-to-zero memory of one cluster's loop (its idle clock)."""
+
+    def __init__(self) -> None:
+        self.memory = ZeroMemory()
+
+
+async def _zero_steps(
+    prometheus: PrometheusClient,
+    autoscaling: AutoscalingSpec,
+    body: Mapping[str, Any],
+    deployments: Mapping[Role, tuple[str, int, int]],
+    zero: ZeroClock | None,
+    now: float,
+) -> dict[Role, ZeroStep]:
+    """The pools whose size the scale-to-zero rules set this evaluation (none when it is off)."""
+    settings = autoscaling.scale_to_zero
+    if zero is None or not settings.enabled:
+        return {}
+    meta = body["metadata"]
+    router = body.get("spec", {}).get("router") or {}
+    window = max(autoscaling.metrics_window_seconds, 2 * autoscaling.interval_seconds)
+    demand = await read_router_demand(
+        prometheus, meta.get("namespace") or "default", meta["name"], window
+    )
+    policy = ZeroPolicy(
+        idle_s=settings.idle_seconds,
+        mode=(router.get("disaggregation") or {}).get("mode", "auto"),
+        decode_min=autoscaling.decode.min,
+        prefill_min=autoscaling.prefill.min,
+    )
+    sizes = {pool: current for pool, (_, current, _) in deployments.items()}
+    steps, zero.memory = zero_steps(policy, demand, sizes, zero.memory, now)
+    return steps
 
 
 async def report_failure(kube: Kube, body: Mapping[str, Any], exc: Exception) -> None:
@@ -217,12 +269,14 @@ async def autoscale(
     state when it takes over."""
     states: dict[Role, ScalingMemory] = {}
     last: dict[Role, Decision] = {}
+    zero = ZeroClock()
     while True:
         interval = 15.0
         body = latest()
         if not leading():
             states.clear()
             last.clear()
+            zero = ZeroClock()
             await asyncio.sleep(interval)
             continue
         try:
@@ -230,7 +284,7 @@ async def autoscale(
                 body.get("spec", {}).get("autoscaling") or {}
             )
             interval = autoscaling.interval_seconds
-            await evaluate(kube, body, autoscaling, states, last, logger)
+            await evaluate(kube, body, autoscaling, states, last, logger, zero)
         except ValidationError as exc:
             logger.error(f"autoscaler: invalid spec.autoscaling: {exc}")
         except Exception as exc:  # one failed evaluation must not end the loop; the next retries
