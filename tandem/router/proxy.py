@@ -94,6 +94,7 @@ class CompletionProxy:
 
     async def generate(self, request: Request, responder: Responder, chat: bool) -> None:
         timing = Timing()
+        self.metrics.arrivals.inc()
         try:
             body = parse_body(request.body, chat, self.model_names)
         except InvalidRequest as exc:

@@ -29,7 +29,7 @@ ADAPTER_LATENCY_METRIC: dict[Role, str] = {
     "decode": "tandem_itl_seconds",
 }
 ADAPTER_WAITING_METRIC = "vllm_num_requests_waiting"
-# The routers' demand (held + answered + in flight, `wake_query`) as the prometheus-adapter rule
+# The routers' demand (held + arrived + in flight, `wake_query`) as the prometheus-adapter rule
 # in docs/autoscaling.md names it.
 ADAPTER_DEMAND_METRIC = "tandem_router_demand"
 ADAPTER_KV_USAGE_METRIC = "vllm_kv_cache_usage_perc"
@@ -147,14 +147,14 @@ ACTIVATION_ONLY = 1e6
 def wake_query(sc: ServingCluster, pool: Role) -> str:
     """The router demand that wakes `pool` from zero and keeps it awake (zero.py's rules):
 
-    decode, and prefill in mode always: held + answered over the window + in flight
+    decode, and prefill in mode always: held + arrived over the window + in flight
     prefill in mode auto:               requests P/D would have taken over the window
     """
     scaling = sc.spec.autoscaling
     queries = demand_queries(sc.namespace, sc.name, scaling.metrics_window_seconds)
     if pool == "prefill" and sc.spec.router.disaggregation.mode != "always":
         return queries["prefill_wanted"]
-    return " + ".join(f"({queries[key]} or vector(0))" for key in ("held", "answered", "in_flight"))
+    return " + ".join(f"({queries[key]} or vector(0))" for key in ("held", "arrived", "in_flight"))
 
 
 def horizontal_pod_autoscaler(sc: ServingCluster, pool: Role) -> dict[str, Any]:

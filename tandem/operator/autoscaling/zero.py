@@ -1,16 +1,16 @@
 """Scale to zero and back, both pools together: the pure rule, and the router demand it reads.
 
 Rules (`spec.autoscaling.scaleToZero`; d, p = current decode and prefill replicas; the router's
-demand as Prometheus holds it: held = requests waiting for a decode engine now, answered =
-requests answered in the window, in flight = requests open on engines now, wanted = requests in
+demand as Prometheus holds it: held = requests waiting for a decode engine now, arrived =
+requests that arrived in the window, in flight = requests open on engines now, wanted = requests in
 the window that P/D would have taken had a prefill engine been ready):
 
-1. Activity. The cluster is active at an evaluation where held + answered + in flight > 0; the
+1. Activity. The cluster is active at an evaluation where held + arrived + in flight > 0; the
    idle clock starts at the first evaluation and restarts at every active one.
 2. Wake decode first. d = 0 and held > 0 -> decode to max(decode.min, 1). Only held requests
    wake a pool: they stay held (and counted) until an engine is ready or the router's wait bound
-   passes, so a pool asleep never misses one, and answered requests of the window before a sleep
-   never wake it again.
+   passes, so a pool asleep never misses one, and requests that arrived in the window before a
+   sleep never wake it again.
 3. Wake prefill when P/D pays. A prefill pool at 0 goes to prefill.min when decode wakes and the
    disaggregation mode is `always`, or, decode awake, once wanted > 0 (`auto`: a prompt with at
    least minUncachedTokens uncached tokens was served locally for want of a prefill engine).
@@ -43,13 +43,13 @@ class RouterDemand(BaseModel):
 
     routers: int = Field(ge=0)
     held: float = Field(0.0, ge=0)
-    answered: float = Field(0.0, ge=0)
+    arrived: float = Field(0.0, ge=0)
     in_flight: float = Field(0.0, ge=0)
     prefill_wanted: float = Field(0.0, ge=0)
 
     @property
     def active(self) -> bool:
-        return self.held > 0 or self.answered > 0 or self.in_flight > 0
+        return self.held > 0 or self.arrived > 0 or self.in_flight > 0
 
 
 class ZeroPolicy(BaseModel):
@@ -163,7 +163,7 @@ def demand_queries(namespace: str, cluster: str, window_s: float) -> dict[str, s
 
     - routers:        count(tandem_router_queue_waiting{sel})
     - held:           sum(tandem_router_engine_wait_requests{sel})
-    - answered:       sum(increase(tandem_router_requests_total{sel}[w]))
+    - arrived:       sum(increase(tandem_router_arrivals_total{sel}[w]))
     - in_flight:      sum(tandem_router_engine_in_flight{sel})
     - prefill_wanted: sum(increase(tandem_router_prefill_wanted_total{sel}[w]))
     """
@@ -172,7 +172,7 @@ def demand_queries(namespace: str, cluster: str, window_s: float) -> dict[str, s
     return {
         "routers": f"count(tandem_router_queue_waiting{sel})",
         "held": f"sum(tandem_router_engine_wait_requests{sel})",
-        "answered": f"sum(increase(tandem_router_requests_total{sel}[{window}]))",
+        "arrived": f"sum(increase(tandem_router_arrivals_total{sel}[{window}]))",
         "in_flight": f"sum(tandem_router_engine_in_flight{sel})",
         "prefill_wanted": f"sum(increase(tandem_router_prefill_wanted_total{sel}[{window}]))",
     }
