@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -15,15 +14,13 @@ import kubernetes_validate
 import pytest
 import yaml
 from prometheus_process import running_prometheus, static_job
+from tandem_process import TandemProcess
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "router"))
-from router_harness import Router  # noqa: E402
-
-from tandem.common.ports import free_port  # noqa: E402
-from tandem.operator.api import parse_manifest  # noqa: E402
-from tandem.operator.autoscaling.external import external_autoscalers, wake_query  # noqa: E402
-from tandem.operator.autoscaling.prometheus import PrometheusClient  # noqa: E402
-from tandem.operator.autoscaling.zero import (  # noqa: E402
+from tandem.common.ports import free_port
+from tandem.operator.api import parse_manifest
+from tandem.operator.autoscaling.external import external_autoscalers, wake_query
+from tandem.operator.autoscaling.prometheus import PrometheusClient
+from tandem.operator.autoscaling.zero import (
     RouterDemand,
     ZeroMemory,
     ZeroPolicy,
@@ -31,7 +28,7 @@ from tandem.operator.autoscaling.zero import (  # noqa: E402
     zero_decision,
     zero_steps,
 )
-from tandem.operator.render import router_config  # noqa: E402
+from tandem.operator.render import router_config
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "llama-8b-pd.yaml"
 AUTO = ZeroPolicy(idle_s=60, mode="auto", decode_min=2, prefill_min=1)
@@ -52,7 +49,8 @@ def desired(steps: dict[str, Any]) -> dict[str, int]:
 def test_idle_window_sends_both_pools_to_zero_together() -> None:
     sizes = {"prefill": 3, "decode": 2}
     steps, memory = zero_steps(AUTO, demand(arrived=4), sizes, ZeroMemory(), now=0)
-    assert steps == {} and memory.last_active == 0
+    assert steps == {}
+    assert memory.last_active == 0
     steps, memory = zero_steps(AUTO, QUIET, sizes, memory, now=59)
     assert steps == {}  # idle for 59 s of 60
     steps, memory = zero_steps(AUTO, QUIET, sizes, memory, now=60)
@@ -65,13 +63,15 @@ def test_a_request_in_flight_or_held_keeps_the_cluster_awake() -> None:
     memory = ZeroMemory(last_active=0)
     for busy in (demand(in_flight=1), demand(held=1), demand(arrived=0.5)):
         steps, after = zero_steps(AUTO, busy, sizes, memory, now=1000)
-        assert steps == {} and after.last_active == 1000
+        assert steps == {}
+        assert after.last_active == 1000
 
 
 def test_the_idle_clock_starts_at_the_first_evaluation_not_at_zero() -> None:
     # A restarted operator (or a router with no history) never sleeps a cluster at once.
     steps, memory = zero_steps(AUTO, QUIET, {"decode": 1}, ZeroMemory(), now=5000)
-    assert steps == {} and memory.last_active == 5000
+    assert steps == {}
+    assert memory.last_active == 5000
 
 
 def test_held_requests_wake_decode_first_and_prefill_stays_at_zero() -> None:
@@ -129,7 +129,8 @@ def test_zero_decisions_read_as_the_autoscaler_status_words() -> None:
     assert zero_decision(steps["prefill"], 0).reason == "Asleep"
     steps, _ = zero_steps(AUTO, QUIET, {"decode": 3}, ZeroMemory(last_active=0), now=100)
     decision = zero_decision(steps["decode"], 3)
-    assert decision.reason == "ScaledDown" and decision.changed
+    assert decision.reason == "ScaledDown"
+    assert decision.changed
 
 
 # -- the router's demand through a real Prometheus ---------------------------------------------
@@ -150,10 +151,15 @@ def test_held_request_reaches_the_autoscaler_through_prometheus() -> None:
     wake decode, and the KEDA wake query (evaluated by the same Prometheus) is positive. Once the
     request times out (503) the demand reads it as arrived."""
     sc = cluster(idleSeconds=30)
-    router = Router(["--decode", f"http://127.0.0.1:{free_port()}", "--engine-wait-seconds", "8"])
+    port = free_port()
+    engine = f"http://127.0.0.1:{free_port()}"
+    args = ["router", "--host", "127.0.0.1", "--port", str(port), "--model", "tiny"]
+    router = TandemProcess(
+        "router", [*args, "--decode", engine, "--engine-wait-seconds", "8"], port
+    )
     labels = {"namespace": sc.namespace, "tandem_dev_cluster": sc.name, "tandem_dev_role": "router"}
     try:
-        router.wait_ready()
+        router.wait_ready("/v1/models")
         job = static_job("tandem-routers", [(f"127.0.0.1:{router.port}", labels)])
         with (
             running_prometheus([job]) as prometheus,
@@ -175,22 +181,28 @@ def test_held_request_reaches_the_autoscaler_through_prometheus() -> None:
                 if held is not None and held.held >= 1:
                     break
                 time.sleep(0.3)
-            assert held is not None and held.routers == 1 and held.held == 1, held
-            assert wake is not None and wake >= 1
+            assert held is not None, held
+            assert held.routers == 1, held
+            assert held.held == 1, held
+            assert wake is not None
+            assert wake >= 1
             steps, _ = zero_steps(
                 AUTO, held, {"prefill": 0, "decode": 0}, ZeroMemory(last_active=0), now=100
             )
             assert desired(steps) == {"decode": 2, "prefill": 0}
 
             response = answer.result(timeout=30)
-            assert response.status_code == 503 and response.headers["retry-after"] == "4"
+            assert response.status_code == 503
+            assert response.headers["retry-after"] == "4"
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline:
                 after, _ = asyncio.run(read())
                 if after is not None and after.held == 0 and after.arrived > 0:
                     break
                 time.sleep(0.3)
-            assert after is not None and after.held == 0 and after.arrived > 0, after
+            assert after is not None, after
+            assert after.held == 0, after
+            assert after.arrived > 0, after
     finally:
         router.stop()
 

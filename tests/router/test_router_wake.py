@@ -115,7 +115,8 @@ def test_request_waiting_past_the_bound_gets_503_with_retry_after() -> None:
         assert response.status_code == 503
         assert response.headers["retry-after"] == "1"
         error = response.json()["error"]
-        assert error["type"] == "ServiceUnavailableError" and error["code"] == 503
+        assert error["type"] == "ServiceUnavailableError"
+        assert error["code"] == 503
         assert "after waiting 1.5s" in error["message"]
         assert waited >= 1.5
         text = metrics(router.url)
@@ -131,7 +132,8 @@ def test_without_engine_wait_no_engine_is_503_at_once_and_not_ready() -> None:
         router.wait_ready()
         assert httpx.get(router.url + "/health", timeout=5).status_code == 503
         response = post(router.url, "hello there")
-        assert response.status_code == 503 and response.headers["retry-after"] == "2"
+        assert response.status_code == 503
+        assert response.headers["retry-after"] == "2"
     finally:
         router.stop()
 
