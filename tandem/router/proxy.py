@@ -267,10 +267,9 @@ class CompletionProxy:
             retry_after = wait_retry_after_s(limit) if limit else 2
             message = "no healthy decode engine" + (f" after waiting {limit:g}s" if limit else "")
             raise ClientError(503, error_body(503, message), [("retry-after", str(retry_after))])
-        self._count_prefill_wanted(plan, features, call)
         placement = plan.placement
         if placement is None or predictive is None:
-            await self._carry_out(call, features, plan, index_name, t_route)
+            await self._carry_out_waking(call, features, plan, index_name, t_route, target)
             return
         target = predictive.target
         if placement.shed:
@@ -291,9 +290,32 @@ class CompletionProxy:
             predictive.now,
         )
         try:
-            await self._carry_out(call, features, plan, index_name, t_route)
+            await self._carry_out_waking(call, features, plan, index_name, t_route, target)
         finally:
             ticket.finished(call.output_tokens, call.last_event)
+
+    async def _carry_out_waking(
+        self,
+        call: Call,
+        features: Features,
+        plan: RoutePlan,
+        index_name: str,
+        t_route: float,
+        target: SloTarget | None,
+    ) -> None:
+        """`_carry_out`; when every decode engine refused it before answering (a pool just put to
+        sleep that the health checks had not caught yet), it waits for an engine like a request
+        that found none, and is carried out once more on a new plan."""
+        try:
+            await self._carry_out(call, features, plan, index_name, t_route)
+        except ClientError as exc:
+            gone = exc.status == 502 and not self.state.pool.candidates("decode")
+            if not gone or call.responder.started or not await self._wait_for_engine():
+                raise
+            again, index_name, _ = self._plan(call, features, target)
+            if again is None:
+                raise
+            await self._carry_out(call, features, again, index_name, time.perf_counter())
 
     async def _wait_for_engine(self) -> bool:
         """Holds the request while no decode engine is ready, up to `admission.engineWaitSeconds`
@@ -307,12 +329,17 @@ class CompletionProxy:
         self.metrics.child(self.metrics.engine_wait, outcome).observe(time.perf_counter() - start)
         return ready
 
-    def _count_prefill_wanted(self, plan: RoutePlan, features: Features, call: Call) -> None:
+    def _count_prefill_wanted(
+        self, plan: RoutePlan, features: Features, call: Call, handoff: Handoff | None
+    ) -> None:
+        """Counts a request prefilled on its decode engine that P/D would have taken
+        (`wake.wants_prefill`): planned local for want of a ready prefill engine, or planned P/D
+        and every prefill engine failed."""
         prefill_ready = any(not e.colocated for e in self.state.pool.candidates("prefill"))
         uncached = features.prompt_tokens - plan.decode.hit_blocks * self.config.block_size
         n = call.body.get("n") or 1
         disaggregation = self.config.disaggregation
-        local = plan.route is Route.LOCAL and not plan.decode.engine.colocated
+        local = handoff is None and not plan.decode.engine.colocated
         if wants_prefill(local, prefill_ready, uncached, n, disaggregation):
             self.metrics.prefill_wanted.inc()
 
@@ -336,6 +363,7 @@ class CompletionProxy:
         reason = plan.reason
         if plan.route is Route.DISAGGREGATED and handoff is None:
             reason = Reason.FALLBACK  # every prefill engine failed: the decode engine prefills
+        self._count_prefill_wanted(plan, features, call, handoff)
         metrics.child(metrics.decisions, reason.value).inc()
         self._remember(call, plan, features, handoff)
         ranking = [c.engine for c in plan.decode_ranking]
