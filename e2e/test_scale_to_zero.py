@@ -142,8 +142,13 @@ def test_idle_cluster_goes_to_zero_and_a_held_request_wakes_it(
         body = {"model": MODEL, "prompt": prompt, "max_tokens": 4}
         return httpx.post(url + "/v1/completions", json=body, timeout=300)
 
-    eventually(lambda: complete("hello").status_code == 200, timeout_s=60, what="a first answer",
-               details=details)  # fmt: skip
+    def answers() -> bool:
+        try:
+            return complete("hello").status_code == 200
+        except httpx.HTTPError:  # the router process is still starting
+            return False
+
+    eventually(answers, timeout_s=90, what="a first answer", details=details)
 
     # Idle: both pools to zero together; the router stays up and ready.
     asleep = eventually(
