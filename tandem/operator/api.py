@@ -500,7 +500,8 @@ class ScaleToZeroSpec(_Model):
     wake_timeout_seconds: float = Field(300, gt=0, le=3600, alias="wakeTimeoutSeconds")
     """How long the router holds a request while no decode engine is ready (the router's
     `admission.engineWaitSeconds`); past it the request gets 503 with Retry-After. Cover the
-    engines' start: scheduling, image pull and model load."""
+    engines' start (scheduling, image pull, model load) and stay under
+    `router.timeouts.requestSeconds`, which bounds the whole request."""
 
 
 class AutoscalingSpec(_Model):
