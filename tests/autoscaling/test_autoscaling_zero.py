@@ -172,6 +172,9 @@ def test_held_request_reaches_the_autoscaler_through_prometheus() -> None:
             async def read() -> tuple[RouterDemand | None, float | None]:
                 async with PrometheusClient(prometheus.url) as client:
                     found = await read_router_demand(client, sc.namespace, sc.name, 20)
+                    # The prefill wake query parses (a refused query raises) and reads the
+                    # counter exposed at 0 (no value before the range holds two samples).
+                    assert await client.value(wake_query(sc, "prefill")) in (None, 0.0)
                     return found, await client.value(wake_query(sc, "decode"))
 
             deadline = time.monotonic() + 30
