@@ -1,7 +1,7 @@
 """Replay a day-shaped, time-compressed trace against the P:D planner, today's independent
 autoscaler and every fixed P:D split, on the emulator's H200 timing profile (benchmarks/pd_sim.py).
 
-    .venv/bin/python benchmarks/planner_replay.py --trace /work/shared/traces/azure_llm_2023_code.csv
+    .venv/bin/python benchmarks/planner_replay.py --trace TRACES/azure_llm_2023_code.csv
 
 The trace's requests (prompt and output tokens, in their order and with their local burstiness)
 are tiled until the day holds `peak-rps * mean(shape) * day-s` of them, and their arrival times

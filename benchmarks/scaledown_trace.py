@@ -29,7 +29,7 @@ Arrivals are the trace's time divided by --load (and follow the engines' --speed
 the window and by --run-seconds per phase.
 
     .venv/bin/python benchmarks/scaledown_trace.py \\
-        --trace /work/shared/traces/mooncake_conversation_trace.jsonl
+        --trace TRACES/mooncake_conversation_trace.jsonl
 """
 
 from __future__ import annotations
