@@ -125,7 +125,8 @@ def test_rbac_grants_what_the_operator_does_and_no_wildcards(offline_clients: Cl
             assert {"create", "patch", "list", "delete"} <= verbs, f"{kind.kind}: {verbs}"
     assert {"list", "watch", "patch"} <= granted[("tandem.dev", "servingclusters")]
     assert granted[("tandem.dev", "servingclusters/status")] == {"patch"}
-    assert granted[("", "pods")] == {"get", "list", "watch"}
+    # Pods: read, and patched for their pod-deletion-cost annotation (cache-aware scale-down).
+    assert granted[("", "pods")] == {"get", "list", "watch", "patch"}
     # Secrets: created (the engine key, dry-run existence probes), never read.
     assert granted[("", "secrets")] == {"create"}
     assert ("", "nodes") not in granted

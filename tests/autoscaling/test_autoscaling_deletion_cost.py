@@ -1,5 +1,5 @@
 """Cache-aware scale-down: the pod ranking, the annotations it writes and the PromQL it reads
-(the whole chain on the real control plane is e2e/test_scaledown.py)."""
+(the whole chain on the real control plane is still to be tested in e2e)."""
 
 from __future__ import annotations
 
