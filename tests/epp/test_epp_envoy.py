@@ -23,9 +23,14 @@ from router.router_harness import (
 
 pytestmark = pytest.mark.timeout(180)
 
-# Prompts in three families sharing long prefixes, each sent twice, then a session: the placement
-# (prefix hits, rendezvous order of new prefixes, session affinity) is what is compared.
-FAMILIES = [f"family {name}: " + LONG for name in ("alpha", "beta", "gamma")]
+# Prompts in eight families sharing long prefixes, each sent twice, then a session: the placement
+# (prefix hits, rendezvous order of new prefixes, session affinity) is what is compared. A new
+# prefix's engine follows rendezvous weights of the engines' (random) ports, so eight families leave
+# all on one engine with probability 3^-7: the comparison is not trivially equal.
+FAMILIES = [
+    f"family {name}: " + LONG
+    for name in ("alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta")
+]
 SEQUENCE = [f"{family} question {i}" for i in range(2) for family in FAMILIES]
 
 
