@@ -6,6 +6,7 @@ every engine, and P/D serves an adapter on both pools."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -138,6 +139,29 @@ def test_runtime_load_and_unload_reach_every_engine(
             f"{refused.url}/v1/load_lora_adapter", json={"lora_name": "a4", "lora_path": path}
         )
     assert answer.status_code == 403
+
+
+def test_an_engine_restarted_without_a_runtime_adapter_gets_it_back(tmp_path: Path) -> None:
+    """An adapter loaded through the router is loaded again on an engine that comes back without
+    it (a restarted pod, a scale-up), while the other engine still serves it; once unloaded it is
+    not brought back."""
+    engines = [Engine(None, speedup=20, extra=LORA, extra_env=RUNTIME) for _ in range(2)]
+    router = Router([arg for e in engines for arg in ("--worker", e.url)])
+    path = str(make_adapter(tmp_path / "a4", seed=4))
+    with running(*engines, router):
+        load = httpx.post(
+            f"{router.url}/v1/load_lora_adapter", json={"lora_name": "a4", "lora_path": path}
+        )
+        assert load.status_code == 200, load.text
+        engines[1].restart()  # it starts with its --lora-modules only
+        engines[1].wait_ready()
+        wait_until(lambda: "a4" in models(engines[1].url), timeout=20)
+        unload = httpx.post(f"{router.url}/v1/unload_lora_adapter", json={"lora_name": "a4"})
+        assert unload.status_code == 200, unload.text
+        engines[1].restart()
+        engines[1].wait_ready()
+        time.sleep(5)  # more than two of the router's health passes (2 s): nothing is replayed
+        assert "a4" not in models(engines[1].url)
 
 
 def test_pd_serves_an_adapter_on_both_pools() -> None:
