@@ -123,7 +123,55 @@ def test_placement_equals_the_routers(workers: list[Engine]) -> None:
     assert len({engines[0] for engines in by_router}) > 1  # the families spread over engines
 
 
+def test_openai_client_through_a_fail_open_envoy(
+    workers: list[Engine], gateway: tuple[PickerRouter, Envoy]
+) -> None:
+    """FailOpen's Envoy sends request bodies BUFFERED: the picker names the destination in its
+    answer to the body, and places requests as it does for the streaming gateway."""
+    router, streaming = gateway
+    envoy = Envoy(router.epp_port, fail_open=True, pool=[e.url for e in workers])
+    try:
+        envoy.wait_ready()
+        client = openai.OpenAI(base_url=envoy.url + "/v1", api_key="unused", max_retries=0)
+        completion = client.completions.create(model="tiny", prompt=LONG, max_tokens=5)
+        assert completion.usage is not None
+        assert completion.usage.completion_tokens == 5
+        stream = client.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": "hello through the buffered gateway"}],
+            max_tokens=4,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks = list(stream)
+        assert chunks[-1].usage is not None
+        assert chunks[-1].usage.completion_tokens == 4
+        with pytest.raises(openai.NotFoundError):
+            client.completions.create(model="no-such-model", prompt="hi", max_tokens=2)
+        # a body the picker rewrites (a client's kv_transfer_params dropped) is sent on as
+        # rewritten, with its new length
+        body = {"model": "tiny", "prompt": LONG, "max_tokens": 2, "kv_transfer_params": {"x": 1}}
+        stripped = httpx.post(envoy.url + "/v1/completions", json=body, timeout=30)
+        assert stripped.status_code == 200, stripped.text
+        assert httpx.get(envoy.url + "/v1/models", timeout=30).status_code == 200
+        engines = httpx.get(router.url + "/engines", timeout=5).json()
+        assert [e["in_flight"] for e in engines] == [0, 0, 0]
+        # the same prompt lands on the same engine through either gateway (its prefix)
+        picked = []
+        for url in (streaming.url, envoy.url):
+            before = [metrics(e.url) for e in workers]
+            short = {"model": "tiny", "prompt": FAMILIES[0], "max_tokens": 2}
+            assert httpx.post(url + "/v1/completions", json=short, timeout=30).status_code == 200
+            picked.append(served_by(workers, before))
+        assert picked[0] == picked[1]
+        assert len(picked[0]) == 1
+    finally:
+        envoy.stop()
+
+
 def test_epp_down_fails_clearly_closed_or_open(workers: list[Engine]) -> None:
+    """The picker is gone: the FailClose gateway answers a clear 503 at once; the FailOpen one
+    serves every request from the pool, round robin, chosen by Envoy itself."""
     router = PickerRouter([arg for e in workers for arg in ("--worker", e.url)])
     closed = Envoy(router.epp_port)
     open_ = Envoy(router.epp_port, fail_open=True, pool=[e.url for e in workers])
@@ -139,19 +187,37 @@ def test_epp_down_fails_clearly_closed_or_open(workers: list[Engine]) -> None:
                     ).status_code
                     == 200
                 )
-        # the picker is gone: fail-closed answers at once, with an error that names it
+        assert router.proc.poll() is not None  # the picker's process has exited
         body = {"model": "tiny", "prompt": "is anyone there?", "max_tokens": 2}
         refused = httpx.post(closed.url + "/v1/completions", json=body, timeout=30)
         assert refused.status_code == 503
         error = refused.json()["error"]
         assert "endpoint picker is unavailable" in error["message"]
         assert "Connection_refused" in error["message"]
-        # Fail-open does not open in this mode: with FULL_DUPLEX_STREAMED request bodies, Envoy
-        # 1.40 answers a refused picker connection with the same clear 503 instead of going on to
-        # the pool (docs/gateway-api.md, "Known gaps"). It must still answer, never hang.
-        unpicked = httpx.post(open_.url + "/v1/completions", json=body, timeout=30)
-        assert unpicked.status_code == 503
-        assert "endpoint picker is unavailable" in unpicked.json()["error"]["message"]
+        served: list[list[int]] = []
+        client = openai.OpenAI(base_url=open_.url + "/v1", api_key="unused", max_retries=0)
+        for i in range(len(workers)):
+            before = [metrics(e.url) for e in workers]
+            # a client's own destination header is dropped by the gateway, never followed
+            completion = client.completions.create(
+                model="tiny",
+                prompt=f"{LONG} {i}",
+                max_tokens=3,
+                extra_headers={"x-gateway-destination-endpoint": "127.0.0.1:1"},
+            )
+            assert completion.usage is not None
+            assert completion.usage.completion_tokens == 3
+            served.append(served_by(workers, before))
+        assert sorted(s[0] for s in served) == list(range(len(workers))), served
+        stream = client.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": "still served?"}],
+            max_tokens=4,
+            stream=True,
+        )
+        assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+        stats = httpx.get(f"http://127.0.0.1:{open_.admin_port}/stats", timeout=5).text
+        assert "ext_proc.failure_mode_allowed: " in stats
     finally:
         closed.stop()
         open_.stop()
