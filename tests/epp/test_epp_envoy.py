@@ -277,13 +277,17 @@ def test_predictive_policy_learns_from_gateway_traffic(workers: list[Engine]) ->
             envoy.stop()
 
 
-def test_a_hung_picker_fails_requests_instead_of_holding_them(workers: list[Engine]) -> None:
+@pytest.mark.parametrize("fail_open", [False, True], ids=["FailClose", "FailOpen"])
+def test_a_hung_picker_fails_requests_instead_of_holding_them(
+    workers: list[Engine], fail_open: bool
+) -> None:
     """The picker's process stopped (SIGSTOP: connections accepted by the kernel, never
     answered): Envoy's HTTP/2 PINGs to it go unanswered, the connection is reset and the request
-    fails with the picker's 503, not a hang."""
+    fails with the picker's 503 (FailClose) or is served from the pool (FailOpen), not held."""
     router = PickerRouter([arg for e in workers for arg in ("--worker", e.url)])
     with running(router):
-        envoy = Envoy(router.epp_port, keepalive_s=2.0)
+        pool = [e.url for e in workers] if fail_open else []
+        envoy = Envoy(router.epp_port, keepalive_s=2.0, fail_open=fail_open, pool=pool)
         try:
             envoy.wait_ready()
             body = {"model": "tiny", "prompt": "still there?", "max_tokens": 2}
@@ -292,10 +296,14 @@ def test_a_hung_picker_fails_requests_instead_of_holding_them(workers: list[Engi
             )
             router.proc.send_signal(signal.SIGSTOP)
             try:
-                refused = httpx.post(envoy.url + "/v1/completions", json=body, timeout=30)
+                answer = httpx.post(envoy.url + "/v1/completions", json=body, timeout=30)
             finally:
                 router.proc.send_signal(signal.SIGCONT)
-            assert refused.status_code == 503, refused.text
-            assert "endpoint picker is unavailable" in refused.json()["error"]["message"]
+            if fail_open:
+                assert answer.status_code == 200, answer.text
+                assert answer.json()["usage"]["completion_tokens"] == 2
+            else:
+                assert answer.status_code == 503, answer.text
+                assert "endpoint picker is unavailable" in answer.json()["error"]["message"]
         finally:
             envoy.stop()
