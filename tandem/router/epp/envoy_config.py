@@ -72,9 +72,11 @@ def gateway_config(
     twice that instead of holding them.
     `max_body_bytes` bounds a request body Envoy holds under FailOpen (its 413 above that; the
     router's own `admission.maxBodyBytes` default).
-    `response_bodies` False sends the picker the response headers only (the response body and
-    trailers pass it by): fewer gRPC messages per request; the picker then closes a request's
-    bookkeeping when Envoy ends its ext_proc stream.
+    `response_bodies` True (the default) sends the picker the response body and trailers, not
+    the response headers; False sends it the response headers only (the response body and
+    trailers pass it by): fewer gRPC messages per request, but the picker sees no first byte.
+    A response without a body closes the request's bookkeeping when Envoy ends its ext_proc
+    stream.
     """
     if fail_open and not pool:
         raise ValueError("fail_open needs the pool's endpoints to fall back on")
@@ -151,7 +153,9 @@ def gateway_config(
         "grpc_service": {"envoy_grpc": {"cluster_name": EPP_CLUSTER}, "timeout": timeout},
         "processing_mode": {
             "request_header_mode": "SEND",
-            "response_header_mode": "SEND",
+            # the picker reads the response from its body chunks: its headers would cost one
+            # more gRPC round trip (a message each way) per request
+            "response_header_mode": "SKIP" if response_bodies else "SEND",
             "request_body_mode": "BUFFERED" if fail_open else "FULL_DUPLEX_STREAMED",
             "response_body_mode": "FULL_DUPLEX_STREAMED" if response_bodies else "NONE",
             # FULL_DUPLEX_STREAMED needs the trailers; a buffered body ends the request itself
