@@ -67,7 +67,9 @@ def gateway_config(
     picker at `picker` (host, port) for every request. `fail_open` needs `pool`.
 
     `message_timeout_s` bounds each wait for the picker's answer (admission queueing included)
-    where Envoy applies it; `keepalive_s` is the HTTP/2 PING interval and timeout on the picker's
+    where Envoy applies it (not to FULL_DUPLEX_STREAMED bodies; to BUFFERED ones it does: under
+    FailOpen a request still queued in the router's admission after it goes on to the pool
+    unplaced, so keep it above the router's queue timeout `timeouts.requestSeconds` there); `keepalive_s` is the HTTP/2 PING interval and timeout on the picker's
     connection, so a picker that stops answering altogether fails its requests within about
     twice that instead of holding them.
     `max_body_bytes` bounds a request body Envoy holds under FailOpen (its 413 above that; the
