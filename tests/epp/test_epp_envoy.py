@@ -5,6 +5,7 @@ FULL_DUPLEX_STREAMED mode, and the official OpenAI client in front."""
 from __future__ import annotations
 
 import signal
+import threading
 import time
 from collections.abc import Iterator
 
@@ -221,6 +222,43 @@ def test_epp_down_fails_clearly_closed_or_open(workers: list[Engine]) -> None:
     finally:
         closed.stop()
         open_.stop()
+
+
+def test_fail_open_keeps_the_routers_admission() -> None:
+    """Under FailOpen Envoy applies its message timeout to a buffered body; a request waiting in
+    the router's admission (in-flight cap 1) longer than that must still wait for its pick, not
+    go on to the pool: the picker extends the timeout while it queues."""
+    engine = Engine(None, speedup=1.0)
+    with running(engine):
+        router = PickerRouter(["--worker", engine.url, "--max-in-flight", "1"])
+        with running(router):
+            envoy = Envoy(router.epp_port, fail_open=True, pool=[engine.url], message_timeout_s=1.0)
+            try:
+                envoy.wait_ready()
+                long_ = {"model": "tiny", "prompt": "a", "max_tokens": 600, "ignore_eos": True}
+                first: list[httpx.Response] = []
+                thread = threading.Thread(
+                    target=lambda: first.append(
+                        httpx.post(envoy.url + "/v1/completions", json=long_, timeout=120)
+                    )
+                )
+                thread.start()
+                for _ in range(200):  # until the first request holds the router's only slot
+                    engines = httpx.get(router.url + "/engines", timeout=5).json()
+                    if engines[0]["in_flight"] == 1:
+                        break
+                    time.sleep(0.05)
+                assert engines[0]["in_flight"] == 1
+                short = {"model": "tiny", "prompt": "b", "max_tokens": 2}
+                second = httpx.post(envoy.url + "/v1/completions", json=short, timeout=120)
+                assert second.status_code == 200, second.text
+                assert not thread.is_alive()  # it waited for the first one's slot
+                assert first[0].status_code == 200
+                stats = httpx.get(f"http://127.0.0.1:{envoy.admin_port}/stats", timeout=5).text
+                assert "ext_proc.message_timeouts: 0" in stats
+                assert "ext_proc.override_message_timeout_received: 1" in stats
+            finally:
+                envoy.stop()
 
 
 def test_no_healthy_engine_is_a_503_from_the_picker() -> None:

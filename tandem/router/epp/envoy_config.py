@@ -62,14 +62,16 @@ def gateway_config(
     response_bodies: bool = True,
     keepalive_s: float = 5.0,
     max_body_bytes: int = 8 << 20,
+    max_queue_s: float = 3600.0,
 ) -> dict[str, Any]:
     """The bootstrap of an Envoy listening on host:`port` (admin on `admin_port`), asking the
     picker at `picker` (host, port) for every request. `fail_open` needs `pool`.
 
     `message_timeout_s` bounds each wait for the picker's answer (admission queueing included)
-    where Envoy applies it (not to FULL_DUPLEX_STREAMED bodies; to BUFFERED ones it does: under
-    FailOpen a request still queued in the router's admission after it goes on to the pool
-    unplaced, so keep it above the router's queue timeout `timeouts.requestSeconds` there); `keepalive_s` is the HTTP/2 PING interval and timeout on the picker's
+    where Envoy applies it (not to FULL_DUPLEX_STREAMED bodies; to BUFFERED ones it does). Under
+    FailOpen a request that waits in the router's admission would go on to the pool unplaced at
+    that timeout, so the picker extends it to its queue timeout (`override_message_timeout`),
+    up to `max_queue_s` (Envoy's `max_message_timeout`); `keepalive_s` is the HTTP/2 PING interval and timeout on the picker's
     connection, so a picker that stops answering altogether fails its requests within about
     twice that instead of holding them.
     `max_body_bytes` bounds a request body Envoy holds under FailOpen (its 413 above that; the
@@ -165,6 +167,7 @@ def gateway_config(
             "response_trailer_mode": "SEND" if response_bodies else "SKIP",
         },
         "message_timeout": timeout,
+        "max_message_timeout": f"{max(max_queue_s, message_timeout_s)}s",
     }
     unavailable = {
         "filter": {

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -131,7 +131,10 @@ class EndpointPicker(ext_proc_grpc.ExternalProcessorServicer):  # type: ignore[m
 
     async def Process(
         self, requests: AsyncIterator[ext_proc.ProcessingRequest], context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[ext_proc.ProcessingResponse]:
+    ) -> None:
+        """Reads and answers on `context`: an answer can be written while the request waits in
+        admission (a BUFFERED request's timeout extended, see `_admit`)."""
+        write = context.write
         headers: dict[str, str] = {}
         subset: frozenset[str] | None = None
         buffered = False
@@ -139,7 +142,7 @@ class EndpointPicker(ext_proc_grpc.ExternalProcessorServicer):  # type: ignore[m
         size = 0
         placed: Placed | None = None
         try:
-            async for message in requests:
+            while (message := await context.read()) is not grpc.aio.EOF:
                 kind = message.WhichOneof("request")
                 if kind == "request_headers":
                     headers = protocol.header_map(message.request_headers)
@@ -149,38 +152,41 @@ class EndpointPicker(ext_proc_grpc.ExternalProcessorServicer):  # type: ignore[m
                         pick = self._plain(subset)
                         if isinstance(pick, Pick):
                             pick = protocol.destination_response(pick.endpoint, (), pick.remove)
-                        yield pick
+                        await write(pick)
                     elif buffered:
-                        yield protocol.proceed()
+                        await write(protocol.proceed())
                 elif kind == "request_body":
                     chunks.append(message.request_body.body)
                     size += len(message.request_body.body)
                     if size > self.config.admission.max_body_bytes:
                         self.metrics.child(self.metrics.rejected, "too_large").inc()
-                        yield protocol.immediate(413, error_body(413, "request body too large"))
+                        await write(
+                            protocol.immediate(413, error_body(413, "request body too large"))
+                        )
                         return
                     if message.request_body.end_of_stream:
                         body = b"".join(chunks)
-                        pick, placed = await self._pick(headers, subset, body)
+                        extend = self._extension(write) if buffered else None
+                        pick, placed = await self._pick(headers, subset, body, extend)
                         for answer in answers(pick, body, buffered):
-                            yield answer
+                            await write(answer)
                 elif kind == "request_trailers":
-                    yield protocol.trailers(request=True)
+                    await write(protocol.trailers(request=True))
                 elif kind == "response_headers":
-                    yield protocol.response_headers()
+                    await write(protocol.response_headers())
                     if message.response_headers.end_of_stream and placed is not None:
                         self._finish(placed)
                         placed = None
                 elif kind == "response_body":
                     part = message.response_body
-                    yield protocol.body_chunk(part.body, part.end_of_stream, request=False)
+                    await write(protocol.body_chunk(part.body, part.end_of_stream, request=False))
                     if placed is not None and part.body:
                         self._answered(placed, part.body)
                     if part.end_of_stream and placed is not None:
                         self._finish(placed)
                         placed = None
                 elif kind == "response_trailers":
-                    yield protocol.trailers(request=False)
+                    await write(protocol.trailers(request=False))
                     if placed is not None:
                         self._finish(placed)
                         placed = None
@@ -211,11 +217,24 @@ class EndpointPicker(ext_proc_grpc.ExternalProcessorServicer):  # type: ignore[m
             503, error_body(503, "no healthy decode engine"), {"retry-after": "2"}
         )
 
+    def _extension(
+        self, write: Callable[[ext_proc.ProcessingResponse], Awaitable[None]]
+    ) -> Callable[[], Awaitable[None]]:
+        """Asks Envoy to wait for the pick as long as the router's admission queue may hold the
+        request, and 5 s more, so that its `message_timeout` does not send a queued request on
+        unplaced under FailOpen (Envoy caps it at its `max_message_timeout`)."""
+        answer = protocol.extend_timeout(self.config.timeouts.request_s + 5.0)
+        return lambda: write(answer)
+
     async def _pick(
-        self, headers: dict[str, str], subset: frozenset[str] | None, raw: bytes
+        self,
+        headers: dict[str, str],
+        subset: frozenset[str] | None,
+        raw: bytes,
+        extend: Callable[[], Awaitable[None]] | None = None,
     ) -> tuple[Pick | ext_proc.ProcessingResponse, Placed | None]:
         """A request with a body: where it goes (and the engines it holds), or an immediate
-        error."""
+        error; `extend` is called before the request waits in admission."""
         path = headers.get(":path", "").split("?", 1)[0]
         chat = _GENERATE.get(path)
         if chat is None or headers.get(":method") != "POST":
@@ -237,7 +256,7 @@ class EndpointPicker(ext_proc_grpc.ExternalProcessorServicer):  # type: ignore[m
         trusted = self.trust.trusted(request)
         priority = parse_priority(headers.get(self._priority_header)) if trusted else 0
         tenant = self.state.tenants.identify(headers, trusted)
-        refused = await self._admit(priority, tenant)
+        refused = await self._admit(priority, tenant, extend)
         if refused is not None:
             return refused, None
         try:
@@ -259,12 +278,16 @@ class EndpointPicker(ext_proc_grpc.ExternalProcessorServicer):  # type: ignore[m
         remove = () if placed.prefill is not None else _CLIENT_SET_HEADERS
         return Pick(placed.endpoint, tuple(headers_set), remove, changed), placed
 
-    async def _admit(self, priority: int, tenant: str) -> ext_proc.ProcessingResponse | None:
+    async def _admit(
+        self, priority: int, tenant: str, extend: Callable[[], Awaitable[None]] | None
+    ) -> ext_proc.ProcessingResponse | None:
         """The router's admission (in-flight cap, priority bands, tenants' fair shares): None
         once a slot is held."""
         admission = self.state.admission
         try:
             if not admission.try_acquire(tenant):
+                if extend is not None:
+                    await extend()
                 async with asyncio.timeout(self.config.timeouts.request_s):
                     await admission.acquire(priority, tenant=tenant)
             return None

@@ -24,7 +24,7 @@ from envoy.config.core.v3 import base_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_proc
 from envoy.type.v3 import http_status_pb2
-from google.protobuf import struct_pb2
+from google.protobuf import duration_pb2, struct_pb2
 
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
 METADATA_NAMESPACE = "envoy.lb"
@@ -123,6 +123,14 @@ def destination_body_response(
 def proceed() -> ext_proc.ProcessingResponse:
     """The request headers' answer under BUFFERED: go on and send the body."""
     return ext_proc.ProcessingResponse(request_headers=ext_proc.HeadersResponse())
+
+
+def extend_timeout(seconds: float) -> ext_proc.ProcessingResponse:
+    """Asks Envoy to wait `seconds` more for the answer it is waiting for (its message timer
+    restarted; ignored above its `max_message_timeout`)."""
+    timeout = duration_pb2.Duration()
+    timeout.FromNanoseconds(int(seconds * 1e9))
+    return ext_proc.ProcessingResponse(override_message_timeout=timeout)
 
 
 def body_chunk(body: bytes, end: bool, *, request: bool) -> ext_proc.ProcessingResponse:
