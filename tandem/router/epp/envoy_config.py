@@ -60,6 +60,7 @@ def gateway_config(
     message_timeout_s: float = 60.0,
     max_requests: int = 40000,
     response_bodies: bool = True,
+    response_headers: bool = False,
     keepalive_s: float = 5.0,
     max_body_bytes: int = 8 << 20,
     max_queue_s: float = 3600.0,
@@ -80,7 +81,8 @@ def gateway_config(
     the response headers; False sends it the response headers only (the response body and
     trailers pass it by): fewer gRPC messages per request, but the picker sees no first byte.
     A response without a body closes the request's bookkeeping when Envoy ends its ext_proc
-    stream.
+    stream. `response_headers` True sends the response headers as well (another picker, such as
+    llm-d's, may read them).
     """
     if fail_open and not pool:
         raise ValueError("fail_open needs the pool's endpoints to fall back on")
@@ -159,7 +161,7 @@ def gateway_config(
             "request_header_mode": "SEND",
             # the picker reads the response from its body chunks: its headers would cost one
             # more gRPC round trip (a message each way) per request
-            "response_header_mode": "SKIP" if response_bodies else "SEND",
+            "response_header_mode": "SEND" if response_headers or not response_bodies else "SKIP",
             "request_body_mode": "BUFFERED" if fail_open else "FULL_DUPLEX_STREAMED",
             "response_body_mode": "FULL_DUPLEX_STREAMED" if response_bodies else "NONE",
             # FULL_DUPLEX_STREAMED needs the trailers; a buffered body ends the request itself
