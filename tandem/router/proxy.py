@@ -137,10 +137,7 @@ class CompletionProxy:
             return
         timing.queue_s = time.perf_counter() - timing.start
         self.metrics.child(self.metrics.queue, str(priority)).observe(timing.queue_s)
-        if call.tenant:
-            label = self.state.tenants.metric_label(call.tenant)
-            self.metrics.child(self.metrics.tenant_queue, label).observe(timing.queue_s)
-            self.metrics.child(self.metrics.tenant_requests, label, "admitted").inc()
+        self.state.count_admission(call.tenant, timing.queue_s)
         try:
             await self._within_deadline(call, target)
         finally:
@@ -170,27 +167,20 @@ class CompletionProxy:
             return True
         except QueueFull as full:
             reason = "shed" if full.dropped else "queue_full"
-            self._count_refusal(call.tenant, reason)
+            self.state.count_refusal(reason, call.tenant)
             call.responder.send(
                 429,
                 error_body(429, _QUEUE_FULL[full.dropped]),
                 [("retry-after", str(full.retry_after_s))],
             )
         except TimeoutError:
-            self._count_refusal(call.tenant, "queue_timeout")
+            self.state.count_refusal("queue_timeout", call.tenant)
             call.responder.send(
                 503,
                 error_body(503, "Timed out waiting in the router's queue."),
                 [("retry-after", "5")],
             )
         return False
-
-    def _count_refusal(self, tenant: str, reason: str) -> None:
-        """Counts a request refused by admission or its tenant's rate, per tenant as well."""
-        self.metrics.child(self.metrics.rejected, reason).inc()
-        if tenant:
-            label = self.state.tenants.metric_label(tenant)
-            self.metrics.child(self.metrics.tenant_requests, label, reason).inc()
 
     async def _within_deadline(self, call: Call, target: SloTarget | None) -> None:
         """Serves the call; past `request_s` ends it with a 504 (or a 504 event mid-stream)."""
@@ -340,7 +330,7 @@ class CompletionProxy:
         """Takes the request's tokens from its tenant's bucket, or refuses it with a 429."""
         retry_after = self.state.tenants.charge(call.tenant, features.prompt_tokens, call.body)
         if retry_after:
-            self._count_refusal(call.tenant, "rate_limit")
+            self.state.count_refusal("rate_limit", call.tenant)
             raise ClientError(
                 429,
                 error_body(429, f"Tenant {call.tenant} is over its token rate; retry later."),

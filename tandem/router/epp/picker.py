@@ -284,23 +284,25 @@ class EndpointPicker(ext_proc_grpc.ExternalProcessorServicer):  # type: ignore[m
         """The router's admission (in-flight cap, priority bands, tenants' fair shares): None
         once a slot is held."""
         admission = self.state.admission
+        arrived = time.perf_counter()
         try:
             if not admission.try_acquire(tenant):
                 if extend is not None:
                     await extend()
                 async with asyncio.timeout(self.config.timeouts.request_s):
                     await admission.acquire(priority, tenant=tenant)
+            self.state.count_admission(tenant, time.perf_counter() - arrived)
             return None
         except QueueFull as full:
             reason = "shed" if full.dropped else "queue_full"
-            self.metrics.child(self.metrics.rejected, reason).inc()
+            self.state.count_refusal(reason, tenant)
             return protocol.immediate(
                 429,
                 error_body(429, "The router's queue is full; retry later."),
                 {"retry-after": str(full.retry_after_s)},
             )
         except TimeoutError:
-            self.metrics.child(self.metrics.rejected, "queue_timeout").inc()
+            self.state.count_refusal("queue_timeout", tenant)
             return protocol.immediate(
                 503,
                 error_body(503, "Timed out waiting in the router's queue."),
@@ -325,7 +327,7 @@ class EndpointPicker(ext_proc_grpc.ExternalProcessorServicer):  # type: ignore[m
         features = await proxy.features(body, chat)
         retry_after = self.state.tenants.charge(tenant, features.prompt_tokens, body)
         if retry_after:
-            self.metrics.child(self.metrics.rejected, "rate_limit").inc()
+            self.state.count_refusal("rate_limit", tenant)
             return protocol.immediate(
                 429,
                 error_body(429, f"Tenant {tenant} is over its token rate; retry later."),
