@@ -73,6 +73,7 @@ class EngineMonitor:
 
     async def _check(self, engine: Engine, health: bool) -> None:
         pool = self.upstreams.pool(engine.url)
+        was_healthy = engine.healthy
         if health or not engine.healthy or engine.id in self._suspect:
             self._suspect.discard(engine.id)
             try:
@@ -90,7 +91,7 @@ class EngineMonitor:
             engine.consecutive_failures = 0 if ok else engine.consecutive_failures + 1
         if engine.healthy:
             await self._scrape_load(engine, pool)
-            if health:
+            if health or not was_healthy:  # and at once when it (re)joins: its adapters
                 await self._read_adapters(engine, pool)
 
     async def _scrape_load(self, engine: Engine, pool: UpstreamPool) -> None:

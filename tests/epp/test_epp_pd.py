@@ -10,7 +10,17 @@ from collections.abc import Iterator
 import httpx
 import pytest
 from epp.epp_harness import Envoy, PickerRouter, Relay
-from router.router_harness import DEBUG, LONG, SHORT, Engine, Router, metric, metrics, running
+from router.router_harness import (
+    DEBUG,
+    LONG,
+    SHORT,
+    Engine,
+    Router,
+    metric,
+    metrics,
+    running,
+    wait_until,
+)
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -18,9 +28,9 @@ SEQUENCE = [f"family {name}: {LONG} question {i}" for i in range(2) for name in 
 
 
 class PdPool:
-    def __init__(self) -> None:
-        self.prefill = Engine("prefill")
-        self.decode = [Engine("decode"), Engine("decode")]
+    def __init__(self, extra: list[str] | None = None) -> None:
+        self.prefill = Engine("prefill", extra=extra)
+        self.decode = [Engine("decode", extra=extra), Engine("decode", extra=extra)]
         self.relays = [Relay(d.url) for d in self.decode]
         self.args = ["--prefill", self.prefill.url, "--min-uncached-tokens", "32"]
         self.args += [arg for d in self.decode for arg in ("--decode", d.url)]
@@ -119,3 +129,41 @@ def test_pd_placement_equals_the_routers(pool: PdPool) -> None:
     assert [step[0] for step in by_router[:3]] == [1.0, 1.0, 1.0]
     assert by_router[-1][0] == 0.0
     assert {tuple(step[1:]) for step in by_router} == {(1.0, 0.0), (0.0, 1.0)}  # both decoders
+
+
+def test_pd_with_a_lora_adapter_through_the_relay() -> None:
+    """An adapter request placed P/D by the picker: the relay accepts the adapter's name (read
+    from its engine's /v1/models) and both pools serve it."""
+    lora = ["--enable-lora", "--max-loras", "1", "--lora-modules", "a1=/adapters/a1"]
+    pd = PdPool(lora)
+    router = PickerRouter(pd.args, pd.relay_of)
+    with running(pd.prefill, *pd.decode, *pd.relays, router):
+        envoy = Envoy(router.epp_port)
+        try:
+            envoy.wait_ready()
+
+            def served(url: str) -> bool:
+                body = {"model": "a1", "prompt": "ready?", "max_tokens": 1}
+                return httpx.post(url + "/v1/completions", json=body, timeout=30).is_success
+
+            # the picker and each relay have read their engines' adapters
+            wait_until(lambda: all(served(r.url) for r in (router, *pd.relays)), timeout=20)
+            prefilled_before = pd.counters()[0]
+            answer = httpx.post(
+                envoy.url + "/v1/completions",
+                json={"model": "a1", "prompt": f"an adapter's turn: {LONG}", "max_tokens": 4},
+                headers=DEBUG,
+                timeout=60,
+            )
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["model"] == "a1"
+            assert answer.headers["x-tandem-route"] == "disaggregated"
+            assert pd.counters()[0] - prefilled_before == 1
+            unknown = httpx.post(
+                envoy.url + "/v1/completions",
+                json={"model": "a9", "prompt": "hello", "max_tokens": 2},
+                timeout=60,
+            )
+            assert unknown.status_code == 404
+        finally:
+            envoy.stop()

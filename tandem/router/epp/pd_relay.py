@@ -32,6 +32,7 @@ from tandem.router.epp.protocol import PREFILL_HEADER, SIDE_CHANNEL_HEADER
 from tandem.router.errors import error_body
 from tandem.router.features import Features
 from tandem.router.httpserver import HttpServer, Request, Responder
+from tandem.router.monitor import EngineMonitor
 from tandem.router.predict.slo import SloTarget
 from tandem.router.proxy import CompletionProxy
 from tandem.router.scoring import Choice
@@ -102,17 +103,29 @@ class RelayService:
         endpoint = config.static.decode[0]
         self.config = config
         self.state = RouterState(config)
-        self.engine = Engine(endpoint.url, frozenset({"decode"}))
+        self.engine = self.state.pool.upsert(Engine(endpoint.url, frozenset({"decode"})))
         self.proxy = RelayProxy(config, self.state, self.engine)
+        # Reads the engine's /v1/models (its LoRA adapters, which the relay then accepts as
+        # model names) and keeps its load figures current.
+        self.monitor = EngineMonitor(
+            self.state.pool,
+            config.metrics_scrape_interval_s,
+            config.health_check_interval_s,
+            timeout_s=config.timeouts.connect_s,
+            auth=self.state.upstreams.auth,
+        )
         self.server = HttpServer(self.handle, config.admission.max_body_bytes, config.http)
         self.port = 0
 
     async def start(self) -> int:
         self.port = await self.server.start(self.config.host, self.config.port)
+        await self.monitor.check_all(health=True)
+        self.monitor.start()
         log.info("relay listening on %s:%d for %s", self.config.host, self.port, self.engine.url)
         return self.port
 
     async def stop(self) -> None:
+        await self.monitor.stop()
         await self.server.close()
         self.state.upstreams.close()
 
