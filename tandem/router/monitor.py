@@ -21,6 +21,7 @@ class EngineMonitor:
 
     An engine is healthy while /health answers 200; one failed check marks it unhealthy (the proxy
     also marks an engine unhealthy at once on a refused connection) and the next good one restores it.
+    An engine the proxy saw draining stays out of the candidates until a check fails (it exited).
     """
 
     def __init__(
@@ -74,6 +75,7 @@ class EngineMonitor:
                     "engine %s is now %s", engine.id, "healthy" if ok else f"unhealthy: {reason}"
                 )
             engine.healthy = ok
+            engine.draining = engine.draining and ok  # a drained engine's exit ends its drain
             engine.consecutive_failures = 0 if ok else engine.consecutive_failures + 1
         if engine.healthy:
             await self._scrape_load(engine, pool)

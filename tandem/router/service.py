@@ -243,7 +243,8 @@ class RouterService:
         elif path == "/livez":
             responder.send(200, b"")
         elif path in ("/health", "/ping"):
-            ok = bool(self.pool.candidates("decode"))
+            # A router that holds requests for an engine serves while the pools are at zero.
+            ok = bool(self.config.admission.engine_wait_s or self.pool.candidates("decode"))
             responder.send(
                 200 if ok else 503, b"" if ok else error_body(503, "no healthy decode engine")
             )
@@ -344,6 +345,7 @@ class RouterService:
             "url": engine.url,
             "roles": sorted(engine.roles),
             "healthy": engine.healthy,
+            "draining": engine.draining,
             "in_flight": engine.in_flight,
             "waiting": engine.waiting,
             "running": engine.running,
@@ -395,6 +397,11 @@ class RouterService:
             "tandem_router_queue_waiting", "Requests waiting in the admission queue."
         )
         waiting.add_metric([], self.state.admission.waiting)
+        held = GaugeMetricFamily(
+            "tandem_router_engine_wait_requests",
+            "Requests held until a decode engine is ready (scale from zero wakes on it).",
+        )
+        held.add_metric([], self.proxy.engine_wait.held)
         blocks = GaugeMetricFamily(
             "tandem_router_index_blocks", "Distinct blocks in the prefix index.", labels=["index"]
         )
@@ -411,4 +418,4 @@ class RouterService:
         )
         for reason, count in sorted(self.server.counts.items()):
             refused.add_metric([reason], count)
-        return [in_flight, healthy, removal_cost, waiting, blocks, connections, refused]
+        return [in_flight, healthy, removal_cost, waiting, held, blocks, connections, refused]
