@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -17,8 +18,13 @@ from prometheus_process import running_prometheus, static_job
 from tandem_process import TandemProcess
 
 from tandem.common.ports import free_port
-from tandem.operator.api import parse_manifest
+from tandem.common.roles import LABEL_CLUSTER, LABEL_ROLE
+from tandem.operator.api import AutoscalingSpec, parse_manifest
+from tandem.operator.autoscaling import handlers
 from tandem.operator.autoscaling.external import external_autoscalers, wake_query
+from tandem.operator.autoscaling.handlers import ZeroClock, evaluate
+from tandem.operator.autoscaling.planner import PlannerMemory
+from tandem.operator.autoscaling.planner_loop import PlannerState
 from tandem.operator.autoscaling.prometheus import PrometheusClient
 from tandem.operator.autoscaling.zero import (
     RouterDemand,
@@ -102,6 +108,22 @@ def test_mode_always_wakes_prefill_with_decode() -> None:
     assert desired(steps) == {"decode": 2, "prefill": 1}
 
 
+def test_planner_mode_wakes_both_pools_together_whatever_the_disaggregation_mode() -> None:
+    # The planner sizes both pools from one plan that needs both pools' metrics.
+    for mode in ("auto", "never"):
+        together = AUTO.model_copy(update={"mode": mode, "together": True})
+        asleep = {"prefill": 0, "decode": 0}
+        steps, _ = zero_steps(together, demand(held=1), asleep, ZeroMemory(last_active=0), now=1)
+        assert desired(steps) == {"decode": 2, "prefill": 1}
+        assert "the planner sizes both pools" in steps["prefill"].message
+        # While both pools run, the zero rules leave their size to the planner.
+        awake = {"prefill": 1, "decode": 2}
+        steps, _ = zero_steps(together, demand(arrived=3), awake, ZeroMemory(last_active=0), now=1)
+        assert steps == {}
+        steps, _ = zero_steps(together, QUIET, awake, ZeroMemory(last_active=0), now=60)
+        assert desired(steps) == {"prefill": 0, "decode": 0}
+
+
 def test_without_router_metrics_nothing_wakes_and_nothing_sleeps() -> None:
     for missing in (None, RouterDemand(routers=0)):
         steps, _ = zero_steps(
@@ -136,6 +158,75 @@ def test_zero_decisions_read_as_the_autoscaler_status_words() -> None:
 # -- the router's demand through a real Prometheus ---------------------------------------------
 
 
+class PoolsKube:
+    """The autoscaler's view of the API server: one cluster's two pool Deployments (replicas all
+    ready), the status it writes and the replicas it patches."""
+
+    def __init__(self, cluster: str, sizes: dict[str, int]) -> None:
+        self.cluster = cluster
+        self.sizes = dict(sizes)
+        self.status: dict[str, Any] = {}
+
+    def list(self, api_version: str, kind: str, namespace: str, selector: str) -> list[Any]:
+        assert (api_version, kind, selector) == (
+            "apps/v1",
+            "Deployment",
+            f"{LABEL_CLUSTER}={self.cluster}",
+        )
+        return [
+            {
+                "metadata": {"name": f"{self.cluster}-{pool}", "labels": {LABEL_ROLE: pool}},
+                "spec": {"replicas": size},
+                "status": {"readyReplicas": size},
+            }
+            for pool, size in self.sizes.items()
+        ]
+
+    def patch_status(self, *args: Any) -> dict[str, Any]:
+        self.status = args[-1]
+        return {}
+
+    def request(self, method: str, path: str, params: Any, body: Any, content_type: str) -> None:
+        assert method == "PATCH"
+        pool = path.rsplit("/", 1)[1].removeprefix(f"{self.cluster}-")
+        self.sizes[pool] = body["spec"]["replicas"]
+
+
+def planner_wakes_both_pools(prometheus_url: str, manifest: dict[str, Any]) -> None:
+    """One evaluation of the built-in autoscaler in planner mode with both pools at 0 and a
+    request held: both pools wake together, and the planner's memory starts afresh."""
+    manifest["spec"]["autoscaling"].update(
+        {
+            "enabled": True,
+            "mode": "planner",
+            "prometheusURL": prometheus_url,
+            "scaleToZero": {"enabled": True},
+        }
+    )
+    autoscaling = AutoscalingSpec.model_validate(manifest["spec"]["autoscaling"])
+    kube = PoolsKube(manifest["metadata"]["name"], {"prefill": 0, "decode": 0})
+    planner = PlannerState(memory=PlannerMemory(prefill_slowdown=2.0))
+    decisions = asyncio.run(
+        evaluate(
+            kube,  # type: ignore[arg-type]
+            manifest,
+            autoscaling,
+            {},
+            {},
+            logging.getLogger("test"),
+            planner,
+            ZeroClock(),
+        )
+    )
+    assert {pool: d.reason for pool, d in decisions.items()} == {
+        "prefill": "ScaledUp",
+        "decode": "ScaledUp",
+    }
+    assert kube.sizes == {"prefill": 1, "decode": 1}
+    assert kube.status["autoscaling"]["prefill"]["reason"].startswith("prefill: 0 -> 1")
+    assert planner.memory == PlannerMemory()
+
+
 def cluster(**zero: Any) -> Any:
     manifest = yaml.safe_load(EXAMPLE.read_text())
     manifest["spec"]["autoscaling"].update(
@@ -145,10 +236,13 @@ def cluster(**zero: Any) -> Any:
 
 
 @pytest.mark.timeout(120)
-def test_held_request_reaches_the_autoscaler_through_prometheus() -> None:
+def test_held_request_reaches_the_autoscaler_through_prometheus(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A real router holds a request for an engine that is not there; Prometheus scrapes it with
     the labels the ServiceMonitor gives router pods; the demand reads held = 1, the zero rules
-    wake decode, and the KEDA wake query (evaluated by the same Prometheus) is positive. Once the
+    wake decode, and the KEDA wake query (evaluated by the same Prometheus) is positive; the
+    built-in autoscaler in planner mode wakes both pools on it. Once the
     request times out (503) the demand reads it as arrived."""
     sc = cluster(idleSeconds=30)
     port = free_port()
@@ -193,6 +287,10 @@ def test_held_request_reaches_the_autoscaler_through_prometheus() -> None:
                 AUTO, held, {"prefill": 0, "decode": 0}, ZeroMemory(last_active=0), now=100
             )
             assert desired(steps) == {"decode": 2, "prefill": 0}
+            posted: list[str] = []
+            monkeypatch.setattr(handlers, "_post", lambda *event: posted.append(event[2]))
+            planner_wakes_both_pools(prometheus.url, yaml.safe_load(EXAMPLE.read_text()))
+            assert posted == ["ScaledUp", "ScaledUp"]
 
             response = answer.result(timeout=30)
             assert response.status_code == 503
