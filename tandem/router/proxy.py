@@ -296,16 +296,12 @@ class CompletionProxy:
             call.body, call.chat, call.request.headers, features, target
         )
         metrics = self.metrics
-        if plan is None and await self._wait_for_engine():
+        if plan is None and await self.wait_for_engine():
             plan, index_name, predictive = self.plan(
                 call.body, call.chat, call.request.headers, features, target
             )
         if plan is None:
-            metrics.child(metrics.requests, "none", "503").inc()
-            limit = self.config.admission.engine_wait_s
-            retry_after = wait_retry_after_s(limit) if limit else 2
-            message = "no healthy decode engine" + (f" after waiting {limit:g}s" if limit else "")
-            raise ClientError(503, error_body(503, message), [("retry-after", str(retry_after))])
+            raise self.no_engine()
         placement = plan.placement
         if placement is None or predictive is None:
             await self._carry_out_waking(call, features, plan, index_name, t_route, target)
@@ -360,7 +356,7 @@ class CompletionProxy:
             await self._carry_out(call, features, plan, index_name, t_route)
         except ClientError as exc:
             gone = exc.status == 502 and not self.state.pool.candidates("decode")
-            if not gone or call.responder.started or not await self._wait_for_engine():
+            if not gone or call.responder.started or not await self.wait_for_engine():
                 raise
             again, index_name, _ = self.plan(
                 call.body, call.chat, call.request.headers, features, target
@@ -369,7 +365,7 @@ class CompletionProxy:
                 raise
             await self._carry_out(call, features, again, index_name, time.perf_counter())
 
-    async def _wait_for_engine(self) -> bool:
+    async def wait_for_engine(self) -> bool:
         """Holds the request while no decode engine is ready, up to `admission.engineWaitSeconds`
         (scale from zero); True when one became ready."""
         limit = self.config.admission.engine_wait_s
@@ -381,17 +377,25 @@ class CompletionProxy:
         self.metrics.child(self.metrics.engine_wait, outcome).observe(time.perf_counter() - start)
         return ready
 
-    def _count_prefill_wanted(
-        self, plan: RoutePlan, features: Features, call: Call, handoff: Handoff | None
+    def no_engine(self) -> ClientError:
+        """The 503 of a request that found no decode engine, after waiting `engineWaitSeconds`
+        when that is set (Retry-After `wake.wait_retry_after_s`), at once otherwise (2 s)."""
+        self.metrics.child(self.metrics.requests, "none", "503").inc()
+        limit = self.config.admission.engine_wait_s
+        retry_after = wait_retry_after_s(limit) if limit else 2
+        message = "no healthy decode engine" + (f" after waiting {limit:g}s" if limit else "")
+        return ClientError(503, error_body(503, message), [("retry-after", str(retry_after))])
+
+    def count_prefill_wanted(
+        self, plan: RoutePlan, features: Features, n: int, handed_off: bool
     ) -> None:
         """Counts a request prefilled on its decode engine that P/D would have taken
         (`wake.wants_prefill`): planned local for want of a ready prefill engine, or planned P/D
-        and every prefill engine failed."""
+        and every prefill engine failed (or, at the endpoint picker, no relay could hand off)."""
         prefill_ready = any(not e.colocated for e in self.state.pool.candidates("prefill"))
         uncached = features.prompt_tokens - plan.decode.hit_blocks * self.config.block_size
-        n = call.body.get("n") or 1
         disaggregation = self.config.disaggregation
-        local = handoff is None and not plan.decode.engine.colocated
+        local = not handed_off and not plan.decode.engine.colocated
         if wants_prefill(local, prefill_ready, uncached, n, disaggregation):
             self.metrics.prefill_wanted.inc()
 
@@ -415,7 +419,7 @@ class CompletionProxy:
         reason = plan.reason
         if plan.route is Route.DISAGGREGATED and handoff is None:
             reason = Reason.FALLBACK  # every prefill engine failed: the decode engine prefills
-        self._count_prefill_wanted(plan, features, call, handoff)
+        self.count_prefill_wanted(plan, features, call.body.get("n") or 1, handoff is not None)
         metrics.child(metrics.decisions, reason.value).inc()
         self.remember(plan, features, None if handoff is None else handoff.engine)
         ranking = [c.engine for c in plan.decode_ranking]

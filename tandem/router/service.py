@@ -243,8 +243,7 @@ class RouterService:
         elif path == "/livez":
             responder.send(200, b"")
         elif path in ("/health", "/ping"):
-            # A router that holds requests for an engine serves while the pools are at zero.
-            ok = bool(self.config.admission.engine_wait_s or self.pool.candidates("decode"))
+            ok = self.ready()
             responder.send(
                 200 if ok else 503, b"" if ok else error_body(503, "no healthy decode engine")
             )
@@ -330,6 +329,11 @@ class RouterService:
         status, body = combined_answer(answers, load, name)
         content_type = "text/plain; charset=utf-8" if status == 200 else "application/json"
         responder.send(status, body, content_type=content_type)
+
+    def ready(self) -> bool:
+        """Readiness: a decode engine is healthy, or the router holds requests for one
+        (`admission.engineWaitSeconds`), so it serves while the pools are at zero."""
+        return bool(self.config.admission.engine_wait_s or self.pool.candidates("decode"))
 
     def removal_costs(self) -> dict[str, float]:
         """Each engine's removal cost (`removal_cost.py`), at most a few seconds old."""

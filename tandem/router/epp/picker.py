@@ -186,6 +186,7 @@ class EndpointPicker(ext_proc_grpc.ExternalProcessorServicer):  # type: ignore[m
         request = Request("POST", path, "", headers, raw, "")
         if not self.trust.authorized(request):
             return [protocol.immediate(401, error_body(401, "Unauthorized"))], None
+        self.metrics.arrivals.inc()  # the demand that keeps a cluster with scale-to-zero awake
         try:
             body = parse_body(raw, chat, self.proxy.accepted_model_names())
         except InvalidRequest as exc:
@@ -272,7 +273,11 @@ class EndpointPicker(ext_proc_grpc.ExternalProcessorServicer):  # type: ignore[m
                 {"retry-after": str(retry_after)},
             )
         plan, index_name, predictive = proxy.plan(body, chat, request.headers, features, target)
-        if plan is not None and subset is not None:
+        if plan is None and await proxy.wait_for_engine():  # scale from zero, as the router
+            plan, index_name, predictive = proxy.plan(body, chat, request.headers, features, target)
+        if plan is None:
+            raise proxy.no_engine()
+        if subset is not None:
             plan = self._within(plan, subset)
         if plan is None:
             return self._unavailable()
@@ -291,6 +296,7 @@ class EndpointPicker(ext_proc_grpc.ExternalProcessorServicer):  # type: ignore[m
         if plan.decode.hit_blocks:
             metrics.child(metrics.prefix_hit_blocks, index_name).inc(plan.decode.hit_blocks)
             metrics.child(metrics.prefix_hits, index_name).inc()
+        proxy.count_prefill_wanted(plan, features, body.get("n") or 1, prefill is not None)
         metrics.child(metrics.decisions, reason.value).inc()
         metrics.routing.observe(time.perf_counter() - started)
         proxy.remember(plan, features, prefill)
