@@ -11,7 +11,13 @@ import time
 from tandem.router.engine_metrics import parse_engine_load
 from tandem.router.engines import Engine, EnginePool
 from tandem.router.lora import adapters_of, parse_lora_slots
-from tandem.router.upstream import AuthHeader, UpstreamError, UpstreamPool, Upstreams
+from tandem.router.upstream import (
+    AuthHeader,
+    UpstreamError,
+    UpstreamPool,
+    Upstreams,
+    UpstreamTimeout,
+)
 
 log = logging.getLogger("tandem.router.monitor")
 
@@ -21,7 +27,8 @@ class EngineMonitor:
 
     An engine is healthy while /health answers 200; one failed check marks it unhealthy (the proxy
     also marks an engine unhealthy at once on a refused connection) and the next good one restores it.
-    An engine the proxy saw draining stays out of the candidates until a check fails (it exited).
+    An engine the proxy saw draining stays out of the candidates until a health check fails or a
+    scrape's connection is refused (it exited): a new process on its address is a candidate again.
     """
 
     def __init__(
@@ -93,6 +100,8 @@ class EngineMonitor:
         except UpstreamError as exc:
             log.debug("engine %s: /metrics not read: %s", engine.id, exc)
             self._suspect.add(engine.id)
+            if exc.connect and not isinstance(exc, UpstreamTimeout):
+                engine.draining = False  # refused: the drained process is gone
             return
         if response.status == 200:
             load = parse_engine_load(text)
