@@ -27,6 +27,7 @@ class EngineMonitor:
 
     An engine is healthy while /health answers 200; one failed check marks it unhealthy (the proxy
     also marks an engine unhealthy at once on a refused connection) and the next good one restores it.
+    A scrape whose connection is refused marks the engine unhealthy at once, as the proxy does.
     An engine the proxy saw draining stays out of the candidates until a health check fails or a
     scrape's connection is refused (it exited): a new process on its address is a candidate again.
     """
@@ -93,7 +94,7 @@ class EngineMonitor:
         """Queue depth and KV usage from /metrics. A slow or failed scrape keeps the last values:
         health is /health's to decide (a busy engine's /metrics can take seconds to render), and a
         dead engine fails its health check, which the next pass makes, or the proxy's next
-        connection."""
+        connection; a refused connection marks it down at once."""
         try:
             response = await pool.request("GET", "/metrics", idle_s=self.timeout_s)
             text = await response.read()
@@ -101,7 +102,8 @@ class EngineMonitor:
             log.debug("engine %s: /metrics not read: %s", engine.id, exc)
             self._suspect.add(engine.id)
             if exc.connect and not isinstance(exc, UpstreamTimeout):
-                engine.draining = False  # refused: the drained process is gone
+                # Refused: the process is gone (a drained one, too); down until /health answers.
+                engine.healthy = engine.draining = False
             return
         if response.status == 200:
             load = parse_engine_load(text)

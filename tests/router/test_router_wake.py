@@ -122,7 +122,9 @@ def test_a_request_refused_by_the_last_draining_engine_is_held_until_a_new_one_s
         draining.wait_ready()
         router.wait_ready()
         assert post(router.url, SHORT).status_code == 200
-        long_body = {"model": "tiny", "prompt": SHORT, "max_tokens": 300, "ignore_eos": True}
+        # Long enough (seconds at speedup 1) that the engine still drains when the router's
+        # request reaches it.
+        long_body = {"model": "tiny", "prompt": SHORT, "max_tokens": 1500, "ignore_eos": True}
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             held_by_engine = pool.submit(
                 httpx.post, f"{url}/v1/completions", json=long_body, timeout=120
@@ -163,7 +165,9 @@ def test_a_request_refused_by_the_last_draining_engine_is_held_until_a_new_one_s
         engines = httpx.get(router.url + "/engines", timeout=5).json()
         assert [(e["healthy"], e["draining"]) for e in engines] == [(True, False)]
         text = metrics(router.url)
-        assert metric(text, "tandem_router_engine_wait_seconds_count", outcome="ready") == 1
+        # Held once or, when a health check caught the engine first, twice: never timed out.
+        assert metric(text, "tandem_router_engine_wait_seconds_count", outcome="ready") >= 1
+        assert metric(text, "tandem_router_engine_wait_seconds_count", outcome="timeout") == 0
         assert metric(text, "tandem_router_engine_wait_requests") == 0
     finally:
         for proc in (fresh, draining):
