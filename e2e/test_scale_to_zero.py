@@ -117,30 +117,56 @@ def zero_cluster(
         core.delete_namespace(NAMESPACE)
 
 
+class Cluster:
+    """The test cluster as the tests watch it: its processes, its autoscaling status, requests."""
+
+    def __init__(self, api: k8s.ApiClient, pod_runner: PodRunner) -> None:
+        self.custom = k8s.CustomObjectsApi(api)
+        self.pod_runner = pod_runner
+
+    def running(self, role: str) -> list[RunningPod]:
+        return [p for p in self.pod_runner.by_role(role, NAMESPACE) if p.child.alive()]
+
+    def scaling(self) -> dict[str, Any]:
+        body = self.custom.get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, NAME)
+        return dict((body.get("status") or {}).get("autoscaling") or {})
+
+    def details(self) -> str:
+        return f"status.autoscaling: {self.scaling()}\n{self.pod_runner.report()}"
+
+    def url(self) -> str:
+        [router] = self.running("router")
+        return f"http://{router.ip}:8000"
+
+    def complete(self, prompt: str) -> httpx.Response:
+        body = {"model": MODEL, "prompt": prompt, "max_tokens": 4}
+        return httpx.post(self.url() + "/v1/completions", json=body, timeout=300)
+
+    def asleep(self) -> dict[str, Any]:
+        """Waits for both pools at zero and their processes gone; the last status."""
+        asleep = eventually(
+            lambda: (s := self.scaling()).get("decode", {}).get("replicas") == 0
+            and s.get("prefill", {}).get("replicas") == 0
+            and s,
+            timeout_s=IDLE_S + 90, interval_s=1, what="both pools at zero", details=self.details,
+        )  # fmt: skip
+        eventually(lambda: not self.running("prefill") and not self.running("decode"),
+                   timeout_s=60, what="the engine processes gone", details=self.details)  # fmt: skip
+        return dict(asleep)
+
+
 def test_idle_cluster_goes_to_zero_and_a_held_request_wakes_it(
     zero_cluster: dict[str, Any], api: k8s.ApiClient, pod_runner: PodRunner
 ) -> None:
-    custom = k8s.CustomObjectsApi(api)
     core = k8s.CoreV1Api(api)
-
-    def running(role: str) -> list[RunningPod]:
-        return [p for p in pod_runner.by_role(role, NAMESPACE) if p.child.alive()]
-
-    def scaling() -> dict[str, Any]:
-        body = custom.get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, NAME)
-        return dict((body.get("status") or {}).get("autoscaling") or {})
-
-    def details() -> str:
-        return f"status.autoscaling: {scaling()}\n{pod_runner.report()}"
+    cluster = Cluster(api, pod_runner)
+    running, scaling, details = cluster.running, cluster.scaling, cluster.details
 
     eventually(lambda: len(running("prefill")) == 1 and len(running("decode")) == 1 and running("router"),
                timeout_s=120, what="one prefill, one decode and a router process", details=details)  # fmt: skip
     [router] = running("router")
-    url = f"http://{router.ip}:8000"
-
-    def complete(prompt: str) -> httpx.Response:
-        body = {"model": MODEL, "prompt": prompt, "max_tokens": 4}
-        return httpx.post(url + "/v1/completions", json=body, timeout=300)
+    url = cluster.url()
+    complete = cluster.complete
 
     def answers() -> bool:
         try:
@@ -151,15 +177,8 @@ def test_idle_cluster_goes_to_zero_and_a_held_request_wakes_it(
     eventually(answers, timeout_s=90, what="a first answer", details=details)
 
     # Idle: both pools to zero together; the router stays up and ready.
-    asleep = eventually(
-        lambda: (s := scaling()).get("decode", {}).get("replicas") == 0
-        and s.get("prefill", {}).get("replicas") == 0
-        and s,
-        timeout_s=IDLE_S + 90, interval_s=1, what="both pools at zero", details=details,
-    )  # fmt: skip
+    asleep = cluster.asleep()
     assert "no request for" in asleep["decode"]["reason"]
-    eventually(lambda: not running("prefill") and not running("decode"), timeout_s=60,
-               what="the engine processes gone", details=details)  # fmt: skip
     assert httpx.get(url + "/health", timeout=5).status_code == 200
     assert running("router") == [router]
 
@@ -206,3 +225,31 @@ def test_idle_cluster_goes_to_zero_and_a_held_request_wakes_it(
         ).items
     }
     assert {"ScaledUp", "ScaledDown"} <= reasons, reasons
+
+
+def test_in_planner_mode_both_pools_sleep_and_wake_together(
+    zero_cluster: dict[str, Any], api: k8s.ApiClient, pod_runner: PodRunner
+) -> None:
+    """The same cluster switched to `mode: planner`: idle, both pools go to zero; a held request
+    wakes both in one evaluation (the planner sizes both pools from one plan) and is answered."""
+    cluster = Cluster(api, pod_runner)
+    cluster.custom.patch_namespaced_custom_object(
+        GROUP, VERSION, NAMESPACE, PLURAL, NAME, {"spec": {"autoscaling": {"mode": "planner"}}}
+    )
+    asleep = cluster.asleep()
+    assert "no request for" in asleep["prefill"]["reason"]
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        started = time.monotonic()
+        answer = pool.submit(cluster.complete, "hello, planner")
+        woken = eventually(
+            lambda: (s := cluster.scaling()).get("decode", {}).get("replicas") == 1 and s,
+            timeout_s=60, interval_s=0.5, what="decode woken", details=cluster.details,
+        )  # fmt: skip
+        assert woken["prefill"]["replicas"] == 1, woken
+        assert "the planner sizes both pools" in woken["prefill"]["reason"]
+        response = answer.result(timeout=300)
+        cold_s = time.monotonic() - started
+    assert response.status_code == 200, response.text
+    print(f"scale-from-zero in planner mode: answered {cold_s:.1f}s after the request was sent")
+    eventually(lambda: len(cluster.running("prefill")) == 1, timeout_s=90,
+               what="a prefill process", details=cluster.details)  # fmt: skip
