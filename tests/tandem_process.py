@@ -42,13 +42,24 @@ class TandemProcess:
         self.url = f"http://127.0.0.1:{port}"
         self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"tandem-test-{name}-{port}.log"
         self.log = self.log_path.open("wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tandem.cli", *args],
+        self.args = args
+        self.env = env
+        self.proc = self._launch()
+
+    def _launch(self) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "tandem.cli", *self.args],
             cwd=ROOT,
             stdout=self.log,
             stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {})},
+            env={**os.environ, **(self.env or {})},
         )
+
+    def restart(self) -> None:
+        """Kills the process and starts it again with the same arguments on the same port: a pod
+        restarted in place, with nothing of its former state."""
+        self.kill()
+        self.proc = self._launch()
 
     def wait_ready(
         self,

@@ -16,6 +16,11 @@ class LoadResult:
     ok: int = 0
     longest_s: float = 0.0
     failures: list[str] = field(default_factory=list)
+    spans: list[tuple[float, float]] = field(default_factory=list)
+
+    def overlapping(self, start: float, end: float) -> int:
+        """How many requests were in flight at some moment of [start, end] (monotonic clock)."""
+        return sum(1 for began, ended in self.spans if began <= end and ended >= start)
 
 
 class Load:
@@ -80,8 +85,10 @@ class Load:
             prompt = f"worker {worker} request {number}: " + "drain me gently. " * 40
             started = time.monotonic()
             problem = self.request(prompt, tokens, stream)
+            ended = time.monotonic()
             with self._lock:
-                self.result.longest_s = max(self.result.longest_s, time.monotonic() - started)
+                self.result.longest_s = max(self.result.longest_s, ended - started)
+                self.result.spans.append((started, ended))
                 if problem is None:
                     self.result.ok += 1
                 else:

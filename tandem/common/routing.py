@@ -64,6 +64,10 @@ class PredictiveConfig(SettingsModel):
     a step of δ seconds becomes δ / (1 - share) per output token."""
     interference_window_seconds: float = Field(1.0, gt=0, alias="interferenceWindowSeconds")
     """The window over which an engine's prefill share is measured."""
+    reprobe_seconds: float = Field(10.0, ge=0, alias="reprobeSeconds")
+    """An engine idle in the router's figures and sent no request for this long gets the next
+    one it can take, whatever its prediction (its models learn only from work placed on it);
+    0 turns re-probing off."""
     meet_probability: float = Field(0.5, gt=0, lt=1, alias="meetProbability")
     """A placement counts as meeting a target when it is predicted to with at least this
     probability; a sheddable request with no such placement is refused."""

@@ -770,7 +770,8 @@ class InferencePoolSpec(_Model):
     under P/D. Without P/D the target port is the engines' own."""
     failure_mode: Literal["FailOpen", "FailClose"] = Field("FailClose", alias="failureMode")
     """What the gateway does when the endpoint picker does not answer: FailClose answers 503,
-    FailOpen sends the request to an endpoint of the pool without Tandem's placement."""
+    FailOpen sends the request to an endpoint of the pool without Tandem's placement (the
+    gateway's ext_proc filter must then send request bodies BUFFERED: docs/gateway-api.md)."""
     allow_from: list[dict[str, Any]] = Field(default_factory=list, alias="allowFrom")
     """core/v1 NetworkPolicyPeers of the gateway (its proxy pods): allowed to the endpoint picker
     and to the pool's target port; empty = anyone."""

@@ -248,6 +248,7 @@ def predictive_plan(
             predictive.now,
             settings.prefill_chunk_tokens,
             inputs.first_block_key,
+            settings.reprobe_seconds,
         ),
         config.disaggregation.mode,
     )

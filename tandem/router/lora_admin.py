@@ -1,6 +1,7 @@
 """Runtime LoRA adapter loading through the router: one /v1/load_lora_adapter or
 /v1/unload_lora_adapter request sent to every engine of the cluster (prefill and decode alike, so
-P/D serves the adapter on both), and the router's adapter lists updated from the answers."""
+P/D serves the adapter on both), the router's adapter lists updated from the answers, and the
+load replayed to an engine that joins later (`RuntimeAdapters`)."""
 
 from __future__ import annotations
 
@@ -94,3 +95,57 @@ def record_answers(answers: list[EngineAnswer], load: bool, name: str, path: str
         else:
             adapters.pop(name, None)
         answer.engine.adapters = adapters
+
+
+class RuntimeAdapters:
+    """Adapters loaded at runtime through this router, each with the load body it was loaded
+    with, so that an engine which joins later (a scale-up, a pod restarted without them) is sent
+    the same load.
+
+    An engine e is sent the load of adapter a when
+
+        a was loaded through this router  and  e's /v1/models was read and lacks a
+        and  another engine of the pool lists a
+
+    The last clause keeps router replicas consistent without sharing state: an adapter unloaded
+    through another replica is listed by no engine after that replica's fan-out, so this one
+    forgets it instead of bringing it back.
+    """
+
+    def __init__(self) -> None:
+        self._bodies: dict[str, bytes] = {}
+        self._refused: set[tuple[str, str]] = set()  # (engine id, adapter): answered 4xx
+
+    def record(self, answers: list[EngineAnswer], load: bool, name: str, raw: bytes) -> None:
+        """A load that some engine accepted is remembered; an unload forgets the adapter. An
+        engine that refuses a replayed load with a 4xx (runtime updating off, a path it cannot
+        read) is not asked again; an unreachable one or a 5xx is, on the next pass."""
+        if not load:
+            self._bodies.pop(name, None)
+            self._refused = {(e, a) for e, a in self._refused if a != name}
+            return
+        if any(answer.status == 200 for answer in answers):
+            self._bodies[name] = raw
+        self._refused |= {(a.engine.id, name) for a in answers if 400 <= a.status < 500}
+
+    def replays(self, engines: list[Engine]) -> list[tuple[Engine, str, bytes]]:
+        """(engine, adapter, load body) for every load owed (the rule above); adapters that no
+        engine lists any more are forgotten."""
+        owed: list[tuple[Engine, str, bytes]] = []
+        for name, raw in list(self._bodies.items()):
+            listing = [e for e in engines if e.adapters is not None and name in e.adapters]
+            if not listing:
+                del self._bodies[name]
+                continue
+            owed += [
+                (engine, name, raw)
+                for engine in engines
+                if engine.healthy
+                and engine.adapters is not None
+                and name not in engine.adapters
+                and (engine.id, name) not in self._refused
+            ]
+        return owed
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._bodies

@@ -119,6 +119,17 @@ class RouterMetrics:
         self.rejected = CounterFamily(
             "tandem_router_rejected_total", "Requests refused before routing.", ["reason"]
         )
+        self.tenant_requests = CounterFamily(
+            "tandem_router_tenant_requests_total",
+            "Requests per tenant (tenancy on) by admission outcome: admitted, shed, queue_full, "
+            "queue_timeout, rate_limit.",
+            ["tenant", "outcome"],
+        )
+        self.tenant_queue = latency(
+            "tandem_router_tenant_queue_seconds",
+            "Time an admitted request of the tenant waited in the admission queue (tenancy on).",
+            ["tenant"],
+        )
         self.disconnects = CounterFamily(
             "tandem_router_client_disconnects_total", "Clients that went away mid-request."
         )

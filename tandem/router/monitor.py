@@ -11,6 +11,13 @@ import time
 from tandem.router.engine_metrics import parse_engine_load
 from tandem.router.engines import Engine, EnginePool
 from tandem.router.lora import adapters_of, parse_lora_slots
+from tandem.router.lora_admin import (
+    LOAD_PATH,
+    RuntimeAdapters,
+    parse_adapter_request,
+    record_answers,
+    send_to_engines,
+)
 from tandem.router.upstream import (
     AuthHeader,
     UpstreamError,
@@ -39,12 +46,16 @@ class EngineMonitor:
         health_s: float,
         timeout_s: float = 2.0,
         auth: AuthHeader | None = None,
+        runtime_adapters: RuntimeAdapters | None = None,
+        load_timeout_s: float = 60.0,
     ):
         self.pool = pool
         self.scrape_s = scrape_s
         self.health_s = health_s
         self.timeout_s = timeout_s
         self.upstreams = Upstreams(connect_timeout=timeout_s, auth=auth)
+        self.runtime_adapters = runtime_adapters
+        self.load_timeout_s = load_timeout_s
         self._task: asyncio.Task[None] | None = None
         self._last_health = 0.0
         self._suspect: set[str] = set()  # engines whose last /metrics failed: /health next pass
@@ -62,6 +73,8 @@ class EngineMonitor:
     async def check_all(self, health: bool) -> None:
         engines = list(self.pool.engines.values())
         await asyncio.gather(*(self._check(e, health) for e in engines))
+        if health and self.runtime_adapters is not None:
+            await self._replay_adapters(self.runtime_adapters, engines)
         known = set(self.pool.engines)
         self._suspect &= known
         for url in [u for u in list(self.upstreams.pools) if u not in known]:
@@ -128,6 +141,25 @@ class EngineMonitor:
                 engine.adapters = adapters_of(json.loads(text))
             except ValueError:
                 log.debug("engine %s: /v1/models is not JSON", engine.id)
+
+    async def _replay_adapters(self, adapters: RuntimeAdapters, engines: list[Engine]) -> None:
+        """Loads runtime adapters on the engines that joined without them (`RuntimeAdapters`)."""
+
+        async def replay(engine: Engine, name: str, raw: bytes) -> None:
+            answers = await send_to_engines(
+                [engine], self.upstreams, LOAD_PATH, raw, self.load_timeout_s
+            )
+            parsed = parse_adapter_request(raw)
+            record_answers(answers, True, name, parsed[1] if parsed else None)
+            adapters.record(answers, True, name, raw)
+            if answers[0].status == 200:
+                log.info(
+                    "runtime adapter %s loaded on engine %s, which joined without it",
+                    name,
+                    engine.id,
+                )
+
+        await asyncio.gather(*(replay(*owed) for owed in adapters.replays(engines)))
 
     async def _run(self) -> None:
         while True:

@@ -140,6 +140,7 @@ class CompletionProxy:
             return
         timing.queue_s = time.perf_counter() - timing.start
         self.metrics.child(self.metrics.queue, str(priority)).observe(timing.queue_s)
+        self.state.count_admission(call.tenant, timing.queue_s)
         try:
             await self._within_deadline(call, target)
         finally:
@@ -169,14 +170,14 @@ class CompletionProxy:
             return True
         except QueueFull as full:
             reason = "shed" if full.dropped else "queue_full"
-            self.metrics.child(self.metrics.rejected, reason).inc()
+            self.state.count_refusal(reason, call.tenant)
             call.responder.send(
                 429,
                 error_body(429, _QUEUE_FULL[full.dropped]),
                 [("retry-after", str(full.retry_after_s))],
             )
         except TimeoutError:
-            self.metrics.child(self.metrics.rejected, "queue_timeout").inc()
+            self.state.count_refusal("queue_timeout", call.tenant)
             call.responder.send(
                 503,
                 error_body(503, "Timed out waiting in the router's queue."),
@@ -333,7 +334,7 @@ class CompletionProxy:
         """Takes the request's tokens from its tenant's bucket, or refuses it with a 429."""
         retry_after = self.state.tenants.charge(call.tenant, features.prompt_tokens, call.body)
         if retry_after:
-            self.metrics.child(self.metrics.rejected, "rate_limit").inc()
+            self.state.count_refusal("rate_limit", call.tenant)
             raise ClientError(
                 429,
                 error_body(429, f"Tenant {call.tenant} is over its token rate; retry later."),

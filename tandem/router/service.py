@@ -30,6 +30,7 @@ from tandem.router.lora import served_adapters
 from tandem.router.lora_admin import (
     LOAD_PATH,
     UNLOAD_PATH,
+    RuntimeAdapters,
     combined_answer,
     parse_adapter_request,
     record_answers,
@@ -62,12 +63,15 @@ class RouterService:
         self.metrics = self.state.metrics
         self.trust = ClientTrust(config)
         self.proxy = CompletionProxy(config, self.state, self.trust)
+        self.runtime_adapters = RuntimeAdapters()
         self.monitor = EngineMonitor(
             self.pool,
             config.metrics_scrape_interval_s,
             config.health_check_interval_s,
             timeout_s=config.timeouts.connect_s,
             auth=self.state.upstreams.auth,
+            runtime_adapters=self.runtime_adapters,
+            load_timeout_s=config.timeouts.prefill_s,
         )
         self.server = HttpServer(self.handle, config.admission.max_body_bytes, config.http)
         self.admin_server = (
@@ -326,6 +330,7 @@ class RouterService:
             self.config.timeouts.prefill_s,
         )
         record_answers(answers, load, name, adapter_path)
+        self.runtime_adapters.record(answers, load, name, request.body)
         status, body = combined_answer(answers, load, name)
         content_type = "text/plain; charset=utf-8" if status == 200 else "application/json"
         responder.send(status, body, content_type=content_type)

@@ -50,6 +50,22 @@ class RouterState:
             config.timeouts.connect_s, engine_key.header if engine_key else None
         )
 
+    def count_refusal(self, reason: str, tenant: str) -> None:
+        """A request refused by admission or its tenant's rate, counted per tenant as well."""
+        metrics = self.metrics
+        metrics.child(metrics.rejected, reason).inc()
+        if tenant:
+            label = self.tenants.metric_label(tenant)
+            metrics.child(metrics.tenant_requests, label, reason).inc()
+
+    def count_admission(self, tenant: str, queue_s: float) -> None:
+        """A request of `tenant` past the admission queue after `queue_s` (tenancy on)."""
+        if tenant:
+            metrics = self.metrics
+            label = self.tenants.metric_label(tenant)
+            metrics.child(metrics.tenant_queue, label).observe(queue_s)
+            metrics.child(metrics.tenant_requests, label, "admitted").inc()
+
     def forget_engine(self, engine_id: str) -> None:
         self.exact_index.drop_engine(engine_id)
         self.approx_index.drop_engine(engine_id)

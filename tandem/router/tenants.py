@@ -19,7 +19,11 @@ from typing import Any
 from tandem.common.tenancy import TenancyConfig, TokenRate
 
 ANONYMOUS = "anonymous"
+OTHER_TENANTS = "other"
 _MAX_TENANT_CHARS = 64
+# Tenants named by a trusted header or by an unknown key are unbounded; past this many distinct
+# ones beyond the configured tenants, metrics count them together under OTHER_TENANTS.
+MAX_METRIC_TENANTS = 100
 
 
 class TokenBucket:
@@ -61,6 +65,18 @@ class TenantDirectory:
         self._specs = {tenant.name: tenant for tenant in config.tenants}
         self._buckets: dict[str, TokenBucket] = {}
         self._clock = clock
+        self._labelled: set[str] = set()
+
+    def metric_label(self, tenant: str) -> str:
+        """The tenant's value of the `tenant` metric label: its name for a configured tenant,
+        the anonymous tenant and the first MAX_METRIC_TENANTS others seen, else OTHER_TENANTS
+        (a bound on the series a client can create)."""
+        if tenant in self._specs or tenant == ANONYMOUS or tenant in self._labelled:
+            return tenant
+        if len(self._labelled) < MAX_METRIC_TENANTS:
+            self._labelled.add(tenant)
+            return tenant
+        return OTHER_TENANTS
 
     def identify(self, headers: Mapping[str, str], trusted: bool) -> str:
         """The request's tenant (TenancyConfig's docstring); "" when tenancy is off."""

@@ -1,7 +1,8 @@
 """The endpoint picker protocol message by message, as a gateway would speak it: a gRPC client on
 127.0.0.1 against `tandem router --epp-port` in front of emulated engines — the destination in
 header and `envoy.lb` metadata alike, the subset hint, immediate responses, streamed bodies passed
-through, and the gRPC health services the protocol names."""
+through, buffered bodies answered with the destination, and the gRPC health services the protocol
+names."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from collections.abc import Iterator
 import grpc
 import pytest
 from envoy.config.core.v3 import base_pb2
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_proc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_proc_grpc
 from epp.epp_harness import PickerRouter, hostport
@@ -92,6 +94,50 @@ def test_destination_in_header_and_metadata_then_the_body(
     assert "x-tandem-prefill-endpoint" in removed
     streamed = answers[1].request_body.response.body_mutation.streamed_response
     assert (streamed.body, streamed.end_of_stream) == (COMPLETION, True)
+
+
+def buffered_headers(path: str) -> ext_proc.ProcessingRequest:
+    """The first message of a stream whose request body the gateway sends BUFFERED."""
+    message = headers_message(path, False)
+    message.protocol_config.request_body_mode = processing_mode_pb2.ProcessingMode.BUFFERED
+    return message
+
+
+def test_buffered_body_is_answered_with_the_destination(
+    picker: tuple[PickerRouter, list[Engine]],
+) -> None:
+    """BUFFERED: the headers are let through at once (Envoy sends the body only then), the
+    destination comes in the body's answer, and Envoy's own copy of the body is kept unless the
+    picker changed it."""
+    router, engines = picker
+    answers = exchange(router.epp_port, [
+        buffered_headers("/v1/completions"), body_message(COMPLETION, True)])  # fmt: skip
+    assert [a.WhichOneof("response") for a in answers] == ["request_headers", "request_body"]
+    assert answers[0] == ext_proc.ProcessingResponse(request_headers=ext_proc.HeadersResponse())
+    common = answers[1].request_body.response
+    headers = {
+        h.header.key: h.header.raw_value.decode() for h in common.header_mutation.set_headers
+    }
+    picked = headers["x-gateway-destination-endpoint"]
+    assert picked in {"{}:{}".format(*hostport(e.url)) for e in engines}
+    metadata = answers[1].dynamic_metadata.fields["envoy.lb"].struct_value.fields
+    assert metadata["x-gateway-destination-endpoint"].string_value == picked
+    assert common.clear_route_cache
+    assert not common.HasField("body_mutation")
+    steered = json.dumps({**json.loads(COMPLETION), "kv_transfer_params": {"x": 1}}).encode()
+    answers = exchange(router.epp_port, [
+        buffered_headers("/v1/completions"), body_message(steered, True)])  # fmt: skip
+    common = answers[1].request_body.response
+    body = common.body_mutation.body
+    assert json.loads(body) == json.loads(COMPLETION)
+    headers = {
+        h.header.key: h.header.raw_value.decode() for h in common.header_mutation.set_headers
+    }
+    assert headers["content-length"] == str(len(body))
+    (missing,) = exchange(router.epp_port, [
+        buffered_headers("/v1/completions"),
+        body_message(json.dumps({"model": "nope", "prompt": "x"}).encode(), True)])[1:]  # fmt: skip
+    assert missing.immediate_response.status.code == 404
 
 
 def test_subset_hint_limits_the_pick(picker: tuple[PickerRouter, list[Engine]]) -> None:

@@ -12,7 +12,17 @@ from typing import Any
 
 import httpx
 import pytest
-from router_harness import DEBUG, LONG, SIDE_CHANNELS, Engine, Proc, metric, running
+from router_harness import (
+    DEBUG,
+    LONG,
+    SIDE_CHANNELS,
+    Engine,
+    Proc,
+    metric,
+    metrics,
+    running,
+    wait_until,
+)
 from tandem_process import GOLDEN
 
 from tandem.common.ports import free_port
@@ -147,17 +157,29 @@ def test_a_quiet_tenant_is_served_between_a_loud_tenants_burst(tmp_path: Path) -
         tmp_path,
     )
     body = {"model": "tiny", "prompt": "a short prompt", "max_tokens": 24, "ignore_eos": True}
+    # a loud request runs long enough that the burst is queued before the first one finishes
+    long_body = {**body, "max_tokens": 240}
     with running(worker, gateway):
         done: list[Any] = []
         loud = [
             threading.Thread(
-                target=_fire, args=(gateway.url, body, {"x-tandem-tenant": "loud"}, done)
+                target=_fire, args=(gateway.url, long_body, {"x-tandem-tenant": "loud"}, done)
             )
             for _ in range(8)
         ]
         for thread in loud:
             thread.start()
-        time.sleep(0.3)  # the loud burst is queued by now; one of it runs
+
+        def admitted_and_waiting() -> tuple[float, float]:
+            text = metrics(gateway.url)
+            admitted = metric(
+                text, "tandem_router_tenant_requests_total", tenant="loud", outcome="admitted"
+            )
+            return admitted, metric(text, "tandem_router_queue_waiting")
+
+        # the whole loud burst has arrived (admitted or queued) before the quiet tenant does
+        wait_until(lambda: sum(admitted_and_waiting()) == 8, timeout=30)
+        ahead, _ = admitted_and_waiting()
         quiet = [
             threading.Thread(
                 target=_fire, args=(gateway.url, body, {"x-tandem-tenant": "quiet"}, done)
@@ -170,10 +192,19 @@ def test_a_quiet_tenant_is_served_between_a_loud_tenants_burst(tmp_path: Path) -
             thread.join(60)
         assert all(response.status_code == 200 for _, _, response in done)
         order = [tenant for _, tenant, _ in sorted(done, key=lambda d: d[0])]
-        # First come first served would finish the quiet tenant's two last (places 9 and 10).
+        # First come first served would finish the quiet tenant's two last (places 9 and 10);
+        # fair shares serve them among the next few, after the `ahead` loud ones already admitted.
         places = [i for i, tenant in enumerate(order) if tenant == "quiet"]
         assert len(places) == 2, order
-        assert max(places) <= 5, order
+        assert ahead <= 3, f"{ahead} loud requests were admitted before the quiet ones came"
+        assert max(places) <= ahead + 4, order
+        text = httpx.get(gateway.url + "/metrics", timeout=5).text
+        for tenant, count in (("loud", 8), ("quiet", 2)):
+            assert metric(text, "tandem_router_tenant_queue_seconds_count", tenant=tenant) == count
+            admitted = metric(
+                text, "tandem_router_tenant_requests_total", tenant=tenant, outcome="admitted"
+            )
+            assert admitted == count
 
 
 def test_token_rate_limit_and_sheddable_band_answer_429_with_retry_after(tmp_path: Path) -> None:
@@ -223,7 +254,7 @@ def test_token_rate_limit_and_sheddable_band_answer_429_with_retry_after(tmp_pat
         # One slot, two places in the queue: batch work of the sheddable band fills them, and an
         # interactive request pushes the newest of it out (429, Retry-After) instead of waiting.
         admin = {"authorization": "Bearer sk-admin"}
-        slow = {**small, "max_tokens": 60, "ignore_eos": True}
+        slow = {**small, "max_tokens": 400, "ignore_eos": True}
         done: list[Any] = []
         batch = [
             threading.Thread(
@@ -233,7 +264,12 @@ def test_token_rate_limit_and_sheddable_band_answer_429_with_retry_after(tmp_pat
         ]
         for thread in batch:
             thread.start()
-            time.sleep(0.1)
+
+        def waiting() -> float:
+            text = httpx.get(gateway.url + "/metrics", headers=admin, timeout=5).text
+            return metric(text, "tandem_router_queue_waiting")
+
+        wait_until(lambda: waiting() == 2, timeout=30)  # one batch request runs, two wait
         urgent = post(gateway.url, small, **admin)
         for thread in batch:
             thread.join(60)
@@ -246,6 +282,16 @@ def test_token_rate_limit_and_sheddable_band_answer_429_with_retry_after(tmp_pat
         text = httpx.get(gateway.url + "/metrics", headers=admin, timeout=5).text
         assert metric(text, "tandem_router_rejected_total", reason="shed") == 1
         assert metric(text, "tandem_router_rejected_total", reason="rate_limit") == 1
+        per_tenant = {
+            (outcome, tenant): metric(
+                text, "tandem_router_tenant_requests_total", tenant=tenant, outcome=outcome
+            )
+            for outcome in ("admitted", "rate_limit", "shed")
+            for tenant in ("team-a", "key-" + hashlib.sha256(b"sk-admin").hexdigest()[:12])
+        }
+        # team-a's refused request was admitted first: its prompt is counted after the queue
+        assert [v for (_, tenant), v in per_tenant.items() if tenant == "team-a"] == [2, 1, 0]
+        assert [v for (_, tenant), v in per_tenant.items() if tenant != "team-a"] == [3, 0, 1]
 
 
 @pytest.mark.parametrize("bad", [{"models": []}, {"models": [{"servedModelName": "a"}]}])

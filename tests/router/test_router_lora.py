@@ -13,7 +13,12 @@ from tandem.router.features import Featurizer
 from tandem.router.index import PrefixIndex
 from tandem.router.kv_events import EngineBlockMap
 from tandem.router.lora import LoraSlots, adapter_stream, adapters_of, parse_lora_slots
-from tandem.router.lora_admin import EngineAnswer, combined_answer, record_answers
+from tandem.router.lora_admin import (
+    EngineAnswer,
+    RuntimeAdapters,
+    combined_answer,
+    record_answers,
+)
 from tandem.router.scorers.lora_affinity import lora_affinity_score
 
 pytestmark = pytest.mark.timeout(30)
@@ -185,3 +190,22 @@ def test_a_runtime_load_answers_as_the_engines_did() -> None:
     assert not e1.serves_model("a")
     assert e1.serves_model(None)
     assert combined_answer([EngineAnswer(e1, 0, b"")], True, "a")[0] == 502
+
+
+def test_a_runtime_adapter_is_owed_to_engines_that_lack_it_while_another_lists_it() -> None:
+    old, new, sick, unread = (Engine(f"http://{n}", frozenset({"decode"})) for n in "onsu")
+    body = b'{"lora_name": "a", "lora_path": "/adapters/a"}'
+    adapters = RuntimeAdapters()
+    adapters.record([EngineAnswer(old, 200, b"Success")], True, "a", body)
+    old.adapters, new.adapters, sick.adapters = {"a": "/adapters/a"}, {}, {}
+    sick.healthy = False
+    everyone = [old, new, sick, unread]
+    assert adapters.replays(everyone) == [(new, "a", body)]
+    adapters.record([EngineAnswer(new, 400, b"runtime updating off")], True, "a", body)
+    assert adapters.replays(everyone) == []  # a 4xx is not asked again
+    old.adapters = {}  # unloaded through another router: listed nowhere, forgotten
+    assert adapters.replays(everyone) == []
+    assert "a" not in adapters
+    adapters.record([EngineAnswer(old, 200, b"Success")], True, "a", body)
+    adapters.record([EngineAnswer(old, 200, b"Success")], False, "a", body)
+    assert "a" not in adapters

@@ -6,8 +6,8 @@ every engine, and P/D serves an adapter on both pools."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -33,8 +33,9 @@ def post(router: Router, model: str, prompt: str, max_tokens: int = 2) -> httpx.
 
 @pytest.fixture(scope="module")
 def workers() -> Iterator[tuple[Router, list[Engine]]]:
+    # A tenth of the H200 profile's speed: a long request outlasts the requests sent beside it.
     engines = [
-        Engine(None, speedup=1, extra=LORA, kv_events=True, extra_env=RUNTIME) for _ in range(2)
+        Engine(None, speedup=0.1, extra=LORA, kv_events=True, extra_env=RUNTIME) for _ in range(2)
     ]
     args = ["--tokenizer", str(MODEL_DIR)]
     for engine in engines:
@@ -69,18 +70,27 @@ def test_an_adapter_goes_where_it_runs_and_another_where_a_slot_is_free(
     workers: tuple[Router, list[Engine]],
 ) -> None:
     """One adapter slot per engine: while a long a1 request runs on one engine, the other a1
-    requests join it there and the a2 requests go to the other engine, whatever their prompts."""
+    requests join it there and the a2 requests go to the other engine, whatever their prompts.
+    The long request streams and is held open until the others are answered, so it still runs
+    however slowly a loaded machine serves them."""
     router, _ = workers
-    with ThreadPoolExecutor(1) as pool:
-        long = pool.submit(post, router, "a1", f"the long one {LONG}", 400)
-        wait_until(
-            lambda: any(e["in_flight"] for e in httpx.get(f"{router.url}/engines").json()),
-            timeout=10,
-        )
-        first = next(e["url"] for e in httpx.get(f"{router.url}/engines").json() if e["in_flight"])
+    body = {
+        "model": "a1",
+        "prompt": f"the long one {LONG}",
+        "max_tokens": 1500,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    url = f"{router.url}/v1/completions"
+    with httpx.stream("POST", url, json=body, headers=DEBUG, timeout=60) as long:
+        assert long.status_code == 200
+        first = long.headers["x-tandem-decode-engine"]
+        lines = long.iter_lines()  # kept: closing this iterator would close the stream
+        next(lines)  # the engine has admitted it: a1 occupies first's slot
         same = [post(router, "a1", f"question {i}: {LONG[: 40 * (i + 1)]}") for i in range(4)]
         other = [post(router, "a2", f"other {i}: {LONG[: 30 * (i + 1)]}") for i in range(4)]
-        assert long.result(timeout=60).status_code == 200
+        still_running = httpx.get(f"{router.url}/engines").json()
+        assert any(e["url"] == first and e["in_flight"] for e in still_running), still_running
     assert all(r.status_code == 200 for r in same + other)
     assert {r.headers["x-tandem-decode-engine"] for r in same} == {first}
     assert first not in {r.headers["x-tandem-decode-engine"] for r in other}
@@ -129,6 +139,29 @@ def test_runtime_load_and_unload_reach_every_engine(
             f"{refused.url}/v1/load_lora_adapter", json={"lora_name": "a4", "lora_path": path}
         )
     assert answer.status_code == 403
+
+
+def test_an_engine_restarted_without_a_runtime_adapter_gets_it_back(tmp_path: Path) -> None:
+    """An adapter loaded through the router is loaded again on an engine that comes back without
+    it (a restarted pod, a scale-up), while the other engine still serves it; once unloaded it is
+    not brought back."""
+    engines = [Engine(None, speedup=20, extra=LORA, extra_env=RUNTIME) for _ in range(2)]
+    router = Router([arg for e in engines for arg in ("--worker", e.url)])
+    path = str(make_adapter(tmp_path / "a4", seed=4))
+    with running(*engines, router):
+        load = httpx.post(
+            f"{router.url}/v1/load_lora_adapter", json={"lora_name": "a4", "lora_path": path}
+        )
+        assert load.status_code == 200, load.text
+        engines[1].restart()  # it starts with its --lora-modules only
+        engines[1].wait_ready()
+        wait_until(lambda: "a4" in models(engines[1].url), timeout=20)
+        unload = httpx.post(f"{router.url}/v1/unload_lora_adapter", json={"lora_name": "a4"})
+        assert unload.status_code == 200, unload.text
+        engines[1].restart()
+        engines[1].wait_ready()
+        time.sleep(5)  # more than two of the router's health passes (2 s): nothing is replayed
+        assert "a4" not in models(engines[1].url)
 
 
 def test_pd_serves_an_adapter_on_both_pools() -> None:

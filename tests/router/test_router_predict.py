@@ -6,6 +6,7 @@ import asyncio
 import math
 import random
 from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 
@@ -25,9 +26,11 @@ from tandem.router.predict.output_length import (
 from tandem.router.predict.placement import (
     PlacementInputs,
     Work,
+    due_for_probe,
     kv_overflows,
     place,
     retry_after_s,
+    stream_slack_s,
     through_first_token,
 )
 from tandem.router.predict.predictor import Predictor
@@ -257,19 +260,84 @@ def test_prefill_pool_behind_is_a_predicted_wait_and_keeps_it_local() -> None:
     assert placement.prefill.engine is p1
 
 
-def test_pd_when_local_prefill_would_stall_running_streams() -> None:
+def test_stream_slack_counts_every_prefill_that_lands_while_it_runs() -> None:
+    # 21 tokens at a 7 ms target on a 6 ms step: 20 gaps of 1 ms to spare
+    assert stream_slack_s(21, 0.007, 0.006) == pytest.approx(0.020)
+    assert stream_slack_s(1, 0.007, 0.006) == pytest.approx(0.001)  # one gap at least
+    assert stream_slack_s(21, 0.005, 0.006) < 0  # even undisturbed it misses
+    _, ledger_of = ledger_table()
+    ledger = ledger_of(engine("d", "decode"))
+    assert ledger.tightest_slack_s() is None
+    ledger.add_prefill(100.0, 0.5)  # before any stream: counts against none
+    first = ledger.add_stream(1000, 20, 0.3)
+    ledger.add_prefill(100.1, 0.1)
+    second = ledger.add_stream(1000, 20, 0.25)
+    assert ledger.tightest_slack_s() == pytest.approx(0.2)  # the first met 0.1 s of stall
+    ledger.add_prefill(100.2, 0.05)
+    assert ledger.tightest_slack_s() == pytest.approx(0.15)
+    ledger.end_stream(1000, 20, first)
+    assert ledger.tightest_slack_s() == pytest.approx(0.2)  # the second: 0.25 - 0.05
+    ledger.end_stream(1000, 20, second)
+    assert ledger.tightest_slack_s() is None
+    assert ledger.streams == 0
+
+
+def test_pd_when_local_prefill_would_take_a_stream_past_its_tpot_target() -> None:
     _, ledger_of = ledger_table()
     d, p = engine("d", "decode"), engine("p", "prefill")
     ledger = ledger_of(d)
-    for _ in range(4):  # four streams with 10 tokens left each and a 7 ms TPOT target
-        ledger.add_stream(1000, 20, 0.007)
+    for _ in range(4):  # four streams of 11 tokens at a 7 ms target on a 6 ms step: 10 ms slack
+        ledger.add_stream(1000, 11, stream_slack_s(11, 0.007, 0.006))
     d.in_flight = 4
-    # a 4,000-token prefill: 100 ms stall over 10 remaining tokens adds 10 ms per token
-    placement = place([d], [p], ledger_of, inputs_for(4000, ttft_ms=1000), "auto")
-    assert placement.prefill is not None
-    # a short prompt stalls them less than their target allows: local
-    placement = place([d], [p], ledger_of, inputs_for(16, ttft_ms=1000), "auto")
+    ledger_of(p).queued_tokens = 1000  # P/D: a step of 8,192 tokens + 5.5 ms handoff = 215 ms
+    # a 160-token prefill stalls them 4 ms: within their slack, local (9 + 4 · 4 ms in all)
+    placement = place([d], [p], ledger_of, inputs_for(160, ttft_ms=1000), "auto")
     assert placement.prefill is None
+    # ... but it is counted: two more such prefills and a third no longer fits
+    ledger.add_prefill(100.0, placement.decode.stall_s)
+    ledger.add_prefill(100.0, placement.decode.stall_s)
+    assert ledger.tightest_slack_s() == pytest.approx(0.002)
+    placement = place([d], [p], ledger_of, inputs_for(160, ttft_ms=1000), "auto")
+    assert placement.prefill is not None
+    # a TTFT target that only local meets is not given up for it
+    placement = place([d], [p], ledger_of, inputs_for(160, ttft_ms=12), "auto")
+    assert placement.prefill is None
+
+
+def test_an_idle_engine_sent_nothing_for_a_while_is_probed() -> None:
+    _, ledger_of = ledger_table()
+    d, p = engine("d", "decode"), engine("p", "prefill")
+    ledger_of(p).costs.prefill.theta = [1.0, 1.0, 0.0]  # judged slow: a 1 s prefill at least
+    inputs = inputs_for(2000, ttft_ms=500)
+    assert place([d], [p], ledger_of, inputs, "auto").prefill is None
+    probing = replace(inputs, reprobe_s=2.0)
+    assert not due_for_probe(p, ledger_of(p), 100.0, 2.0)  # never tried: its seeds decide
+    ledger_of(p).last_placed = ledger_of(d).last_placed = 90.0  # tried 10 s ago
+    placement = place([d], [p], ledger_of, probing, "auto")
+    assert placement.prefill is not None
+    assert placement.prefill.engine is p
+    ledger_of(p).last_placed = ledger_of(d).last_placed = 99.0
+    assert place([d], [p], ledger_of, probing, "auto").prefill is None  # tried 1 s ago
+    ledger_of(p).last_placed = 97.5
+    assert place([d], [p], ledger_of, probing, "auto").prefill is not None  # 2.5 s ago
+    p.waiting = 1  # busy now: what it does is being observed, no probe
+    assert not due_for_probe(p, ledger_of(p), 100.0, 2.0)
+    assert place([d], [p], ledger_of, probing, "auto").prefill is None
+    assert not due_for_probe(p, ledger_of(p), 100.0, 0.0)  # 0 turns it off
+
+
+def test_a_probed_decode_candidate_is_picked_and_not_shed() -> None:
+    _, ledger_of = ledger_table()
+    a, b = engine("a", "both"), engine("b", "both")
+    ledger_of(b).costs.prefill.theta = [5.0, 1.0, 0.0]  # b judged very slow
+    ledger_of(a).last_placed, ledger_of(b).last_placed = 99.5, 90.0
+    inputs = replace(inputs_for(2000, sheddable=True), reprobe_s=2.0)
+    placement = place([a, b], [], ledger_of, inputs, "auto")
+    assert placement.decode.engine is b
+    assert not placement.shed  # a probe is served even when predicted to miss
+    ledger_of(b).last_placed = 99.5
+    placement = place([a, b], [], ledger_of, inputs, "auto")
+    assert placement.decode.engine is a
 
 
 def test_interference_budget_sends_prefills_to_the_pool_unless_only_local_meets() -> None:
@@ -282,7 +350,7 @@ def test_interference_budget_sends_prefills_to_the_pool_unless_only_local_meets(
     placement = place([d], [p], ledger_of, inputs_for(2000, ttft_ms=300), "auto")
     assert placement.decode.tpot_s == pytest.approx(0.006 / (1 - 0.28))
     assert placement.prefill is None  # over budget, but no stream decodes there to suffer it
-    ledger_of(d).add_stream(1000, 100, 0.1)
+    ledger_of(d).add_stream(1000, 100, 1.0)
     d.in_flight = 1  # one stream: 55 + 50 ms local against 221 ms P/D, but over budget
     placement = place([d], [p], ledger_of, inputs_for(2000, ttft_ms=300), "auto")
     assert placement.prefill is not None  # 0.28 + 0.05 > 0.3, and P/D meets its 300 ms
@@ -335,7 +403,7 @@ def test_kv_overflow_rules_an_engine_out() -> None:
     ledger = EngineLedger(
         EngineCosts((0.005, 0.025, 0.0), (0.005, 0.003), (0.006, 0.0, 0.0), 0.98), 1.0
     )
-    ledger.add_stream(9000, 2000, 0.05)
+    ledger.add_stream(9000, 2000, 1.0)
     full = engine("full", "decode")
     full.kv_usage = 0.9
     assert kv_overflows(full, ledger, 9000.0, 2000.0)
@@ -414,13 +482,16 @@ def test_ticket_holds_and_gives_back_and_teaches() -> None:
     ticket.first_byte(d, now=10.5, upstream_start=10.0, prefill_done=None)
     assert ledger.queued_tokens == 0
     assert ledger.streams == 1
-    assert ledger.tightest_tpot_s() == 0.05
+    assert ledger.last_placed == 100.0
+    # the stream's slack: its predicted output's gaps at the 50 ms target less a 6 ms step
+    slack = stream_slack_s(output.median, 0.05, ledger.costs.step_s(1, 2000 + output.median / 2))
+    assert ledger.tightest_slack_s() == pytest.approx(slack)  # its own prefill came before it
     assert ledger.costs.prefill_s(2000, 2e6) == before  # models learn once the answer has left
     ticket.finished(output_tokens=51, last_event=11.5)
     assert ledger.streams == 0
     assert ledger.stream_tokens == 0
     assert ledger.costs.prefill_s(2000, 2e6) > before  # 0.5 s observed against ~0.06 s predicted
-    assert not ledger.tpot_targets
+    assert ledger.tightest_slack_s() is None
     assert ledger.costs.step_s(1, 2000) > 0.006  # 1 s over 50 tokens: 20 ms a step
     text = metrics.render().decode()
     for quantity in ("ttft", "tpot", "output_tokens", "output_tokens_mean"):

@@ -1,15 +1,22 @@
 """Envoy as the gateway in front of an endpoint picker: its bootstrap config, as a pure function.
 
-Every request goes through the ext_proc filter (headers and bodies streamed both ways,
-FULL_DUPLEX_STREAMED, as the GIE protocol asks), then to the endpoint the picker named in
-`x-gateway-destination-endpoint` (an ORIGINAL_DST cluster keyed on that header). What happens
-when the picker cannot be reached is the InferencePool's `failureMode`:
+Every request goes through the ext_proc filter, then to the endpoint the picker named in
+`x-gateway-destination-endpoint` (an ORIGINAL_DST cluster keyed on that header); the headers only
+the picker may set are first removed from the client's request. What happens when the picker
+cannot be reached is the InferencePool's `failureMode`, and it decides the request body mode:
 
-    FailClose -> Envoy answers 503 at once, an OpenAI-format error naming the endpoint picker
-    FailOpen  -> the request goes on without a pick, round robin over `pool` (the pool's
-                 endpoints), by the route that matches when the header is absent. Envoy cannot
-                 pass on a request whose body it had already streamed to the picker when the
-                 picker's connection failed: that one is answered 503 as under FailClose.
+    FailClose -> request bodies FULL_DUPLEX_STREAMED (streamed to the picker as they arrive, the
+                 mode GIE gateways use); Envoy answers 503 at once, an OpenAI-format error
+                 naming the endpoint picker
+    FailOpen  -> request bodies BUFFERED (Envoy holds the request, sends the picker the whole
+                 body after its headers are answered, and keeps it); `failure_mode_allow` lets
+                 the held request go on without a pick, round robin over `pool` (the pool's
+                 endpoints), by the route that matches when the header is absent
+
+Why FailOpen cannot stream: Envoy drains each FULL_DUPLEX_STREAMED chunk once it is sent to the
+picker, so it has no body left to pass on, and its ext_proc filter ignores `failure_mode_allow`
+as soon as such a body chunk arrived (`Filter::failureModeAllow()`). A refused picker connection
+is reported after the client's body has arrived, so every request would get the 503.
 """
 
 from __future__ import annotations
@@ -17,13 +24,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from tandem.router.epp.protocol import DESTINATION_HEADER
+from tandem.router.epp.protocol import DESTINATION_HEADER, PREFILL_HEADER, SIDE_CHANNEL_HEADER
 
 PICKED_CLUSTER = "original_destination_cluster"
 POOL_CLUSTER = "inference_pool"
 EPP_CLUSTER = "endpoint_picker"
 # The status Envoy gives a request whose ext_proc stream failed; rewritten to a clear 503.
 _EXT_PROC_ERROR = 500
+# Set by the picker alone: a client's own would steer the request (or a relay's prefill) when the
+# picker does not answer (FailOpen).
+PICKER_HEADERS = (DESTINATION_HEADER, PREFILL_HEADER, SIDE_CHANNEL_HEADER)
 
 
 def _socket(host: str, port: int) -> dict[str, Any]:
@@ -50,18 +60,29 @@ def gateway_config(
     message_timeout_s: float = 60.0,
     max_requests: int = 40000,
     response_bodies: bool = True,
+    response_headers: bool = False,
     keepalive_s: float = 5.0,
+    max_body_bytes: int = 8 << 20,
+    max_queue_s: float = 3600.0,
 ) -> dict[str, Any]:
     """The bootstrap of an Envoy listening on host:`port` (admin on `admin_port`), asking the
     picker at `picker` (host, port) for every request. `fail_open` needs `pool`.
 
     `message_timeout_s` bounds each wait for the picker's answer (admission queueing included)
-    where Envoy applies it; `keepalive_s` is the HTTP/2 PING interval and timeout on the picker's
+    where Envoy applies it (not to FULL_DUPLEX_STREAMED bodies; to BUFFERED ones it does). Under
+    FailOpen a request that waits in the router's admission would go on to the pool unplaced at
+    that timeout, so the picker extends it to its queue timeout (`override_message_timeout`),
+    up to `max_queue_s` (Envoy's `max_message_timeout`); `keepalive_s` is the HTTP/2 PING interval and timeout on the picker's
     connection, so a picker that stops answering altogether fails its requests within about
     twice that instead of holding them.
-    `response_bodies` False sends the picker the response headers only (the response body and
-    trailers pass it by): fewer gRPC messages per request; the picker then closes a request's
-    bookkeeping when Envoy ends its ext_proc stream.
+    `max_body_bytes` bounds a request body Envoy holds under FailOpen (its 413 above that; the
+    router's own `admission.maxBodyBytes` default).
+    `response_bodies` True (the default) sends the picker the response body and trailers, not
+    the response headers; False sends it the response headers only (the response body and
+    trailers pass it by): fewer gRPC messages per request, but the picker sees no first byte.
+    A response without a body closes the request's bookkeeping when Envoy ends its ext_proc
+    stream. `response_headers` True sends the response headers as well (another picker, such as
+    llm-d's, may read them).
     """
     if fail_open and not pool:
         raise ValueError("fail_open needs the pool's endpoints to fall back on")
@@ -138,13 +159,17 @@ def gateway_config(
         "grpc_service": {"envoy_grpc": {"cluster_name": EPP_CLUSTER}, "timeout": timeout},
         "processing_mode": {
             "request_header_mode": "SEND",
-            "response_header_mode": "SEND",
-            "request_body_mode": "FULL_DUPLEX_STREAMED",
+            # the picker reads the response from its body chunks: its headers would cost one
+            # more gRPC round trip (a message each way) per request
+            "response_header_mode": "SEND" if response_headers or not response_bodies else "SKIP",
+            "request_body_mode": "BUFFERED" if fail_open else "FULL_DUPLEX_STREAMED",
             "response_body_mode": "FULL_DUPLEX_STREAMED" if response_bodies else "NONE",
-            "request_trailer_mode": "SEND",
+            # FULL_DUPLEX_STREAMED needs the trailers; a buffered body ends the request itself
+            "request_trailer_mode": "SKIP" if fail_open else "SEND",
             "response_trailer_mode": "SEND" if response_bodies else "SKIP",
         },
         "message_timeout": timeout,
+        "max_message_timeout": f"{max(max_queue_s, message_timeout_s)}s",
     }
     unavailable = {
         "filter": {
@@ -177,6 +202,16 @@ def gateway_config(
             "virtual_hosts": [{"name": "all", "domains": ["*"], "routes": routes}],
         },
         "local_reply_config": {"mappers": [unavailable]},
+        # before the route is chosen (a route matches on the destination header)
+        "early_header_mutation_extensions": [
+            {
+                "name": "envoy.http.early_header_mutation.header_mutation",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.http.early_header_mutation.header_mutation.v3.HeaderMutation",
+                    "mutations": [{"remove": name} for name in PICKER_HEADERS],
+                },
+            }
+        ],
         "http_filters": [
             {"name": "envoy.filters.http.ext_proc", "typed_config": ext_proc},
             {
@@ -195,6 +230,8 @@ def gateway_config(
                 {
                     "name": "gateway",
                     "address": _socket(host, port),
+                    # a buffered request body (FailOpen) is held up to this size
+                    **({"per_connection_buffer_limit_bytes": max_body_bytes} if fail_open else {}),
                     "filter_chains": [
                         {
                             "filters": [

@@ -3,8 +3,9 @@
 One `Process` stream is one HTTP request through the gateway. The picker reads the request's
 headers and body, runs the router's admission and `CompletionProxy.plan` (the same features,
 index and scorers as `tandem router`, so both place a request alike), then answers the headers
-with the destination and passes the body on; the response's headers and body chunks pass
-through it untouched, and their end closes the request's bookkeeping (engine in-flight and
+with the destination and passes the body on (FULL_DUPLEX_STREAMED), or names the destination in
+its answer to the held body (BUFFERED, the gateway's choice: protocol.py); the response's
+headers and body chunks pass through it untouched, and their end closes the request's bookkeeping (engine in-flight and
 pending counts, the admission slot).
 
     destination = relay of the decode engine   when it has one (P/D: the relay prefills on the
@@ -17,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -54,6 +55,37 @@ def address(url: str) -> str:
     """host:port of an engine URL (the form the protocol's endpoints take)."""
     parts = urlsplit(url)
     return f"{parts.hostname}:{parts.port or (443 if parts.scheme == 'https' else 80)}"
+
+
+@dataclass(slots=True, frozen=True)
+class Pick:
+    """Where a request goes and what the picker changes on it."""
+
+    endpoint: str  # ip:port
+    set_headers: tuple[tuple[str, str], ...] = ()
+    remove: tuple[str, ...] = ()
+    body: bytes | None = None  # the request body when the picker changed it
+
+
+def answers(
+    pick: Pick | ext_proc.ProcessingResponse, raw: bytes, buffered: bool
+) -> list[ext_proc.ProcessingResponse]:
+    """The answers to a request body in the gateway's body mode (protocol.py): an immediate
+    response as it is; a pick in the body's answer (BUFFERED), or in the headers' answer followed
+    by the body streamed back (FULL_DUPLEX_STREAMED)."""
+    if isinstance(pick, ext_proc.ProcessingResponse):
+        return [pick]
+    if buffered:
+        return [
+            protocol.destination_body_response(
+                pick.endpoint, pick.set_headers, pick.remove, pick.body
+            )
+        ]
+    body = raw if pick.body is None else pick.body
+    return [
+        protocol.destination_response(pick.endpoint, pick.set_headers, pick.remove),
+        protocol.body_chunk(body, True, request=True),
+    ]
 
 
 @dataclass(slots=True)
@@ -99,49 +131,62 @@ class EndpointPicker(ext_proc_grpc.ExternalProcessorServicer):  # type: ignore[m
 
     async def Process(
         self, requests: AsyncIterator[ext_proc.ProcessingRequest], context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[ext_proc.ProcessingResponse]:
+    ) -> None:
+        """Reads and answers on `context`: an answer can be written while the request waits in
+        admission (a BUFFERED request's timeout extended, see `_admit`)."""
+        write = context.write
         headers: dict[str, str] = {}
         subset: frozenset[str] | None = None
+        buffered = False
         chunks: list[bytes] = []
         size = 0
         placed: Placed | None = None
         try:
-            async for message in requests:
+            while (message := await context.read()) is not grpc.aio.EOF:
                 kind = message.WhichOneof("request")
                 if kind == "request_headers":
                     headers = protocol.header_map(message.request_headers)
                     subset = protocol.subset_of(message.metadata_context)
+                    buffered = protocol.buffered(message)
                     if message.request_headers.end_of_stream:
-                        yield self._plain(subset)
+                        pick = self._plain(subset)
+                        if isinstance(pick, Pick):
+                            pick = protocol.destination_response(pick.endpoint, (), pick.remove)
+                        await write(pick)
+                    elif buffered:
+                        await write(protocol.proceed())
                 elif kind == "request_body":
                     chunks.append(message.request_body.body)
                     size += len(message.request_body.body)
                     if size > self.config.admission.max_body_bytes:
                         self.metrics.child(self.metrics.rejected, "too_large").inc()
-                        yield protocol.immediate(413, error_body(413, "request body too large"))
+                        await write(
+                            protocol.immediate(413, error_body(413, "request body too large"))
+                        )
                         return
                     if message.request_body.end_of_stream:
                         body = b"".join(chunks)
-                        answers, placed = await self._pick(headers, subset, body)
-                        for answer in answers:
-                            yield answer
+                        extend = self._extension(write) if buffered else None
+                        pick, placed = await self._pick(headers, subset, body, extend)
+                        for answer in answers(pick, body, buffered):
+                            await write(answer)
                 elif kind == "request_trailers":
-                    yield protocol.trailers(request=True)
+                    await write(protocol.trailers(request=True))
                 elif kind == "response_headers":
-                    yield protocol.response_headers()
+                    await write(protocol.response_headers())
                     if message.response_headers.end_of_stream and placed is not None:
                         self._finish(placed)
                         placed = None
                 elif kind == "response_body":
                     part = message.response_body
-                    yield protocol.body_chunk(part.body, part.end_of_stream, request=False)
+                    await write(protocol.body_chunk(part.body, part.end_of_stream, request=False))
                     if placed is not None and part.body:
                         self._answered(placed, part.body)
                     if part.end_of_stream and placed is not None:
                         self._finish(placed)
                         placed = None
                 elif kind == "response_trailers":
-                    yield protocol.trailers(request=False)
+                    await write(protocol.trailers(request=False))
                     if placed is not None:
                         self._finish(placed)
                         placed = None
@@ -151,7 +196,7 @@ class EndpointPicker(ext_proc_grpc.ExternalProcessorServicer):  # type: ignore[m
 
     # -- picking -----------------------------------------------------------------------------
 
-    def _plain(self, subset: frozenset[str] | None) -> ext_proc.ProcessingResponse:
+    def _plain(self, subset: frozenset[str] | None) -> Pick | ext_proc.ProcessingResponse:
         """Anything but a completion (GET /v1/models, /health): the least loaded decode engine."""
         engines = self._allowed(self.state.pool.candidates("decode"), subset)
         if not engines:
@@ -159,7 +204,7 @@ class EndpointPicker(ext_proc_grpc.ExternalProcessorServicer):  # type: ignore[m
         running = self.config.scoring.running_weight
         engine = min(engines, key=lambda e: e.load(running))
         endpoint, _ = self.destination(engine)
-        return protocol.destination_response(endpoint, remove=_CLIENT_SET_HEADERS)
+        return Pick(endpoint, remove=_CLIENT_SET_HEADERS)
 
     def _allowed(self, engines: list[Engine], subset: frozenset[str] | None) -> list[Engine]:
         if subset is None:
@@ -172,39 +217,62 @@ class EndpointPicker(ext_proc_grpc.ExternalProcessorServicer):  # type: ignore[m
             503, error_body(503, "no healthy decode engine"), {"retry-after": "2"}
         )
 
+    def _extension(
+        self, write: Callable[[ext_proc.ProcessingResponse], Awaitable[None]]
+    ) -> Callable[[], Awaitable[None]]:
+        """Asks Envoy, once, to wait for the pick as long as the router's admission queue (or its
+        wait for a decode engine, which stays under it) may hold the request, and 5 s more, so
+        that its `message_timeout` does not send a waiting request on unplaced under FailOpen
+        (Envoy caps it at its `max_message_timeout`)."""
+        answer = protocol.extend_timeout(self.config.timeouts.request_s + 5.0)
+        sent = False
+
+        async def extend() -> None:
+            nonlocal sent
+            if not sent:
+                sent = True
+                await write(answer)
+
+        return extend
+
     async def _pick(
-        self, headers: dict[str, str], subset: frozenset[str] | None, raw: bytes
-    ) -> tuple[list[ext_proc.ProcessingResponse], Placed | None]:
-        """The answers to a request with a body: destination and body, or an immediate error."""
+        self,
+        headers: dict[str, str],
+        subset: frozenset[str] | None,
+        raw: bytes,
+        extend: Callable[[], Awaitable[None]] | None = None,
+    ) -> tuple[Pick | ext_proc.ProcessingResponse, Placed | None]:
+        """A request with a body: where it goes (and the engines it holds), or an immediate
+        error; `extend` is called before the request waits in admission."""
         path = headers.get(":path", "").split("?", 1)[0]
         chat = _GENERATE.get(path)
         if chat is None or headers.get(":method") != "POST":
-            answer = self._plain(subset)
-            if answer.HasField("immediate_response"):
-                return [answer], None
-            return [answer, protocol.body_chunk(raw, True, request=True)], None
+            return self._plain(subset), None
         request = Request("POST", path, "", headers, raw, "")
         if not self.trust.authorized(request):
-            return [protocol.immediate(401, error_body(401, "Unauthorized"))], None
+            return protocol.immediate(401, error_body(401, "Unauthorized")), None
         self.metrics.arrivals.inc()  # the demand that keeps a cluster with scale-to-zero awake
         try:
             body = parse_body(raw, chat, self.proxy.accepted_model_names())
         except InvalidRequest as exc:
             self.metrics.child(self.metrics.rejected, "invalid").inc()
-            return [protocol.immediate(exc.status, exc.body)], None
+            return protocol.immediate(exc.status, exc.body), None
+        changed = None
         if "kv_transfer_params" in body:
             # A client must never steer a decode engine to a host (as in the router).
             del body["kv_transfer_params"]
             self.metrics.stripped.inc()
-            raw = _encode_json(body)
+            raw = changed = _encode_json(body)
         trusted = self.trust.trusted(request)
         priority = parse_priority(headers.get(self._priority_header)) if trusted else 0
         tenant = self.state.tenants.identify(headers, trusted)
-        refused = await self._admit(priority, tenant)
+        refused = await self._admit(priority, tenant, extend)
         if refused is not None:
-            return [refused], None
+            return refused, None
         try:
-            placed = await self._place(request, body, chat, subset, trusted, priority, tenant)
+            placed = await self._place(
+                request, body, chat, subset, (trusted, priority, tenant), extend
+            )
         except ClientError as exc:
             placed = protocol.immediate(exc.status, exc.body, dict(exc.headers))
         except BaseException:
@@ -212,7 +280,7 @@ class EndpointPicker(ext_proc_grpc.ExternalProcessorServicer):  # type: ignore[m
             raise
         if not isinstance(placed, Placed):
             self.state.admission.release(tenant)
-            return [placed], None
+            return placed, None
         headers_set = [("content-length", str(len(raw)))]
         if placed.prefill is not None:
             headers_set.append((protocol.PREFILL_HEADER, address(placed.prefill.url)))
@@ -220,28 +288,33 @@ class EndpointPicker(ext_proc_grpc.ExternalProcessorServicer):  # type: ignore[m
                 (protocol.SIDE_CHANNEL_HEADER, str(placed.prefill.side_channel_port))
             )
         remove = () if placed.prefill is not None else _CLIENT_SET_HEADERS
-        answer = protocol.destination_response(placed.endpoint, headers_set, remove)
-        return [answer, protocol.body_chunk(raw, True, request=True)], placed
+        return Pick(placed.endpoint, tuple(headers_set), remove, changed), placed
 
-    async def _admit(self, priority: int, tenant: str) -> ext_proc.ProcessingResponse | None:
+    async def _admit(
+        self, priority: int, tenant: str, extend: Callable[[], Awaitable[None]] | None
+    ) -> ext_proc.ProcessingResponse | None:
         """The router's admission (in-flight cap, priority bands, tenants' fair shares): None
         once a slot is held."""
         admission = self.state.admission
+        arrived = time.perf_counter()
         try:
             if not admission.try_acquire(tenant):
+                if extend is not None:
+                    await extend()
                 async with asyncio.timeout(self.config.timeouts.request_s):
                     await admission.acquire(priority, tenant=tenant)
+            self.state.count_admission(tenant, time.perf_counter() - arrived)
             return None
         except QueueFull as full:
             reason = "shed" if full.dropped else "queue_full"
-            self.metrics.child(self.metrics.rejected, reason).inc()
+            self.state.count_refusal(reason, tenant)
             return protocol.immediate(
                 429,
                 error_body(429, "The router's queue is full; retry later."),
                 {"retry-after": str(full.retry_after_s)},
             )
         except TimeoutError:
-            self.metrics.child(self.metrics.rejected, "queue_timeout").inc()
+            self.state.count_refusal("queue_timeout", tenant)
             return protocol.immediate(
                 503,
                 error_body(503, "Timed out waiting in the router's queue."),
@@ -254,27 +327,33 @@ class EndpointPicker(ext_proc_grpc.ExternalProcessorServicer):  # type: ignore[m
         body: dict[str, Any],
         chat: bool,
         subset: frozenset[str] | None,
-        trusted: bool,
-        priority: int,
-        tenant: str,
+        client: tuple[bool, int, str],
+        extend: Callable[[], Awaitable[None]] | None = None,
     ) -> Placed | ext_proc.ProcessingResponse:
         """The router's plan for the request as a destination (and a prefill engine), or the
-        error to answer with."""
+        error to answer with. `client` is (trusted, priority, tenant); `extend` is called before
+        the request waits for a decode engine (scale from zero)."""
+        trusted, priority, tenant = client
         started = time.perf_counter()
         proxy = self.proxy
         target = proxy.slo_target(request, priority, trusted)
         features = await proxy.features(body, chat)
         retry_after = self.state.tenants.charge(tenant, features.prompt_tokens, body)
         if retry_after:
-            self.metrics.child(self.metrics.rejected, "rate_limit").inc()
+            self.state.count_refusal("rate_limit", tenant)
             return protocol.immediate(
                 429,
                 error_body(429, f"Tenant {tenant} is over its token rate; retry later."),
                 {"retry-after": str(retry_after)},
             )
         plan, index_name, predictive = proxy.plan(body, chat, request.headers, features, target)
-        if plan is None and await proxy.wait_for_engine():  # scale from zero, as the router
-            plan, index_name, predictive = proxy.plan(body, chat, request.headers, features, target)
+        if plan is None and self.config.admission.engine_wait_s:  # scale from zero
+            if extend is not None:
+                await extend()
+            if await proxy.wait_for_engine():
+                plan, index_name, predictive = proxy.plan(
+                    body, chat, request.headers, features, target
+                )
         if plan is None:
             raise proxy.no_engine()
         if subset is not None:

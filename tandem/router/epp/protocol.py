@@ -4,6 +4,16 @@ Pure functions from what the picker decided to the `ProcessingResponse` Envoy re
 destination in the `x-gateway-destination-endpoint` header and in the `envoy.lb` dynamic
 metadata (the same value in both, as the specification requires), bodies streamed back in
 FULL_DUPLEX_STREAMED mode, and errors as an ImmediateResponse.
+
+The gateway chooses the request body mode; the picker speaks two:
+
+    FULL_DUPLEX_STREAMED  Envoy streams the body without waiting: the destination answers the
+                          request headers, then the body is streamed back (`body_chunk`)
+    BUFFERED              Envoy holds the request until the headers are answered (`proceed`),
+                          then sends the whole body and keeps it: the destination answers the
+                          body (`destination_body_response`), the body is replaced only if the
+                          picker changed it. A failed picker lets the held request go on, which
+                          is what makes failure_mode_allow work (FailOpen).
 """
 
 from __future__ import annotations
@@ -11,9 +21,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from envoy.config.core.v3 import base_pb2
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_proc
 from envoy.type.v3 import http_status_pb2
-from google.protobuf import struct_pb2
+from google.protobuf import duration_pb2, struct_pb2
 
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
 METADATA_NAMESPACE = "envoy.lb"
@@ -23,6 +34,14 @@ SUBSET_KEY = "x-gateway-destination-endpoint-subset"
 PREFILL_HEADER = "x-tandem-prefill-endpoint"  # host:port of the prefill engine's HTTP server
 SIDE_CHANNEL_HEADER = "x-tandem-prefill-side-channel"  # its NIXL side-channel port
 _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
+BUFFERED: int = processing_mode_pb2.ProcessingMode.BUFFERED
+
+
+def buffered(message: ext_proc.ProcessingRequest) -> bool:
+    """Whether the gateway sends this stream's request body BUFFERED (from the protocol
+    configuration Envoy puts on a stream's first message; absent means the streamed protocol)."""
+    mode: int = message.protocol_config.request_body_mode
+    return mode == BUFFERED
 
 
 def header_map(headers: ext_proc.HttpHeaders) -> dict[str, str]:
@@ -61,22 +80,57 @@ def _mutation(
     )
 
 
-def destination_response(
-    endpoint: str, set_headers: Iterable[tuple[str, str]] = (), remove: Iterable[str] = ()
-) -> ext_proc.ProcessingResponse:
-    """The request headers' answer naming `endpoint` (ip:port) in the header and the metadata;
-    the route cache is cleared so that routes matching on the header see it."""
+def _destination(
+    endpoint: str, set_headers: Iterable[tuple[str, str]], remove: Iterable[str]
+) -> tuple[ext_proc.CommonResponse, struct_pb2.Struct]:
+    """The header mutation naming `endpoint` (ip:port), with the route cache cleared so that
+    routes matching on the header see it, and the same value as `envoy.lb` metadata."""
     metadata = struct_pb2.Struct()
     metadata.update({METADATA_NAMESPACE: {DESTINATION_HEADER: endpoint}})
     headers = [(DESTINATION_HEADER, endpoint), *set_headers]
-    return ext_proc.ProcessingResponse(
-        request_headers=ext_proc.HeadersResponse(
-            response=ext_proc.CommonResponse(
-                header_mutation=_mutation(headers, remove), clear_route_cache=True
-            )
-        ),
-        dynamic_metadata=metadata,
+    common = ext_proc.CommonResponse(
+        header_mutation=_mutation(headers, remove), clear_route_cache=True
     )
+    return common, metadata
+
+
+def destination_response(
+    endpoint: str, set_headers: Iterable[tuple[str, str]] = (), remove: Iterable[str] = ()
+) -> ext_proc.ProcessingResponse:
+    """The request headers' answer naming `endpoint` (streamed bodies, or no body)."""
+    common, metadata = _destination(endpoint, set_headers, remove)
+    return ext_proc.ProcessingResponse(
+        request_headers=ext_proc.HeadersResponse(response=common), dynamic_metadata=metadata
+    )
+
+
+def destination_body_response(
+    endpoint: str,
+    set_headers: Iterable[tuple[str, str]] = (),
+    remove: Iterable[str] = (),
+    body: bytes | None = None,
+) -> ext_proc.ProcessingResponse:
+    """The buffered request body's answer naming `endpoint` in the held headers; `body` replaces
+    the request's body (None: Envoy sends on the body it holds)."""
+    common, metadata = _destination(endpoint, set_headers, remove)
+    if body is not None:
+        common.body_mutation.body = body
+    return ext_proc.ProcessingResponse(
+        request_body=ext_proc.BodyResponse(response=common), dynamic_metadata=metadata
+    )
+
+
+def proceed() -> ext_proc.ProcessingResponse:
+    """The request headers' answer under BUFFERED: go on and send the body."""
+    return ext_proc.ProcessingResponse(request_headers=ext_proc.HeadersResponse())
+
+
+def extend_timeout(seconds: float) -> ext_proc.ProcessingResponse:
+    """Asks Envoy to wait `seconds` more for the answer it is waiting for (its message timer
+    restarted; ignored above its `max_message_timeout`)."""
+    timeout = duration_pb2.Duration()
+    timeout.FromNanoseconds(int(seconds * 1e9))
+    return ext_proc.ProcessingResponse(override_message_timeout=timeout)
 
 
 def body_chunk(body: bytes, end: bool, *, request: bool) -> ext_proc.ProcessingResponse:

@@ -4,8 +4,7 @@
 router's requests sent to the engine whose prefill has not finished (first byte for a local route,
 the prefill answer for P/D);
 `streams`, `stream_tokens` and `stream_output_tokens` describe this router's requests decoding
-there (count, prompt plus half their predicted output, and predicted output);
-`tpot_targets` counts those streams per TPOT target, so the tightest is known in O(classes).
+there (count, prompt plus half their predicted output, and predicted output).
 `prefill_share` is the part of the engine's time that the prefills this router placed there take,
 an exponentially decayed sum of their predicted compute seconds s_i over a window w:
 
@@ -13,12 +12,22 @@ an exponentially decayed sum of their predicted compute seconds s_i over a windo
 
 (a steady rate of r prefill seconds per second gives share → r). On a decode engine it is the
 interference its running streams suffer: a step of δ seconds becomes δ / (1 - share) per token.
+
+Every stream also counts the prefills that land on its engine while it runs. The engine keeps a
+stall clock S(t) = Σ s_i over every prefill placed there so far; a stream that starts at t0 with
+a slack b0 (`placement.stream_slack_s`: the stall its TPOT target can absorb over its life) has
+
+    slack(t) = b0 - (S(t) - S(t0)) = key - S(t),    key = b0 + S(t0)
+
+left, so the tightest stream's slack is min(key) - S(t): a heap of the keys, O(log streams) per
+stream and O(1) per read (ended streams leave the heap lazily).
 The squared log errors are exponentially weighted means of ln(observed / predicted)², the sigma of
 `slo.meet_probability`.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 
 from tandem.router.predict.cost_model import EngineCosts
@@ -32,15 +41,18 @@ class EngineLedger:
     __slots__ = (
         "_share_at",
         "_share_sum",
+        "_slack_ended",
+        "_slack_keys",
         "costs",
+        "last_placed",
         "queued_pairs",
         "queued_tokens",
         "share_window_s",
+        "stall_clock",
         "stream_output_tokens",
         "stream_tokens",
         "streams",
         "tpot_squared_log_error",
-        "tpot_targets",
         "ttft_squared_log_error",
     )
 
@@ -54,7 +66,10 @@ class EngineLedger:
         self.streams = 0
         self.stream_tokens = 0.0
         self.stream_output_tokens = 0.0
-        self.tpot_targets: dict[float, int] = {}
+        self.stall_clock = 0.0  # S(t): every prefill's predicted stall placed here, summed
+        self._slack_keys: list[float] = []  # a min-heap of the streams' keys b0 + S(t0)
+        self._slack_ended: dict[float, int] = {}  # keys of ended streams still in the heap
+        self.last_placed: float | None = None  # when this router last sent a prefill here
         self.ttft_squared_log_error = INITIAL_SQUARED_LOG_ERROR
         self.tpot_squared_log_error = INITIAL_SQUARED_LOG_ERROR
 
@@ -66,13 +81,24 @@ class EngineLedger:
         return self._share_sum * math.exp((self._share_at - now) / window) / window
 
     def add_prefill(self, now: float, compute_s: float) -> None:
-        """A prefill of `compute_s` predicted seconds placed on the engine at `now`."""
+        """A prefill of `compute_s` predicted seconds placed on the engine at `now`: it adds to the
+        share and stalls every stream decoding there (the stall clock)."""
         window = self.share_window_s
         self._share_sum = self.prefill_share(now) * window + compute_s
         self._share_at = now
+        self.stall_clock += compute_s
 
-    def tightest_tpot_s(self) -> float | None:
-        return min(self.tpot_targets) if self.tpot_targets else None
+    def tightest_slack_s(self) -> float | None:
+        """min(key) - S(now) over the streams decoding here (module docstring); None without any."""
+        keys, ended = self._slack_keys, self._slack_ended
+        while keys and keys[0] in ended:
+            key = heapq.heappop(keys)
+            left = ended[key] - 1
+            if left:
+                ended[key] = left
+            else:
+                del ended[key]
+        return keys[0] - self.stall_clock if keys else None
 
     def ttft_sigma(self) -> float:
         return max(math.sqrt(self.ttft_squared_log_error), MIN_SIGMA)
@@ -80,20 +106,22 @@ class EngineLedger:
     def tpot_sigma(self) -> float:
         return max(math.sqrt(self.tpot_squared_log_error), MIN_SIGMA)
 
-    def add_stream(self, tokens: float, output_tokens: float, tpot_target_s: float) -> None:
+    def add_stream(self, tokens: float, output_tokens: float, slack_s: float) -> float:
+        """A stream starts with `slack_s` of stall it can absorb; returns its key for `end_stream`."""
         self.streams += 1
         self.stream_tokens += tokens
         self.stream_output_tokens += output_tokens
-        self.tpot_targets[tpot_target_s] = self.tpot_targets.get(tpot_target_s, 0) + 1
+        key = slack_s + self.stall_clock
+        heapq.heappush(self._slack_keys, key)
+        return key
 
-    def end_stream(self, tokens: float, output_tokens: float, tpot_target_s: float) -> None:
+    def end_stream(self, tokens: float, output_tokens: float, key: float) -> None:
         self.streams -= 1
         self.stream_tokens -= tokens
         self.stream_output_tokens -= output_tokens
-        left = self.tpot_targets[tpot_target_s] - 1
-        if left:
-            self.tpot_targets[tpot_target_s] = left
-        else:
-            del self.tpot_targets[tpot_target_s]
         if not self.streams:  # no drift of float sums across an idle moment
             self.stream_tokens = self.stream_output_tokens = 0.0
+            self._slack_keys.clear()
+            self._slack_ended.clear()
+        else:
+            self._slack_ended[key] = self._slack_ended.get(key, 0) + 1

@@ -36,10 +36,11 @@ its targets (T_ttft, T_tpot, `slo.py`) and block size B, with each engine's lear
   with the local pick d, the prefill engine of lowest TTFT_pd and the P/D decode engine the
   candidate of lowest TPOT:
     over budget ⇔ share(d) + stall(d) / w > `interferenceBudget` (w: the share's window)
-    hurts       ⇔ P(TPOT_running ≤ tightest TPOT target of d's streams) < q, where
-                  TPOT_running = step_s_d(streams + 1, context + P) / (1 - min(share, 0.9))
-                                 + stall / max(remaining output per stream, 1)
-                  (remaining per stream = stream_output_tokens / (2 · own streams): halfway on average)
+    hurts       ⇔ stall(d) > the tightest slack of d's streams (`ledger.py`): each stream starts
+                  with slack b0 = max(L - 1, 1) · (T_tpot - δ) (`stream_slack_s`; δ the
+                  engine's undisturbed step when it starts) and every prefill placed on d while
+                  it runs takes its predicted stall from it, so local prefill is refused once the
+                  prefills a stream has met and this one together would take it past its target
     disaggregate ⇔ TTFT_pd ≤ TTFT_local + streams(d) · stall(d)          (less delay in all)
                    or streams(d) > 0 and (over budget or hurts) and P(TTFT_pd ≤ T_ttft) ≥ q
     with q = `meetProbability`: P/D when it costs the pool less waiting, or when local prefill
@@ -47,7 +48,15 @@ its targets (T_ttft, T_tpot, `slo.py`) and block size B, with each engine's lear
     target (so a TTFT target that only local meets is never given up for the budget). A prefill
     pool that is behind has a large ahead(p): its TTFT_pd grows until local costs less, and the
     decode engines take prefills within budget.
-  shed ⇔ the class is sheddable and P(meet) of the chosen placement < q.
+  re-probe: an engine is learned only from the work placed on it, so one judged slow would never
+    be corrected; an engine is due (`due_for_probe`) when it is idle in every figure the router
+    has (none of its prefill work open, nothing waiting or decoding there) and has been sent no
+    request for `reprobeSeconds` since its last one (one never sent anything is tried on its
+    seeds). A due decode candidate is the pick (before P(meet) and cost);
+    in mode auto a due prefill engine takes the request's prefill (P/D) whatever the decision
+    above says. At most one request per engine per interval is placed against the prediction,
+    and only on an engine with nothing to delay.
+  shed ⇔ the class is sheddable, P(meet) of the chosen placement < q and it is no probe.
 """
 
 from __future__ import annotations
@@ -81,6 +90,7 @@ class PlacementInputs:
     now: float  # monotonic seconds, the clock of the ledgers' prefill shares
     chunk_tokens: int  # the engines' max_num_batched_tokens
     first_block_key: int | None = None
+    reprobe_s: float = 0.0  # an idle engine sent nothing for this long is tried (0: never)
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,12 +224,20 @@ def slowed_by_prefills(step_s: float, share: float) -> float:
     return step_s / (1.0 - min(share, MAX_SHARE))
 
 
-def running_tpot_s(candidate: Candidate, prompt_tokens: int) -> float:
-    """TPOT_running of the streams already on the candidate's engine if it prefills locally."""
-    ledger = candidate.ledger
-    remaining = ledger.stream_output_tokens / (2 * ledger.streams) if ledger.streams else 1.0
-    step = ledger.costs.step_s(candidate.streams + 1, candidate.context + prompt_tokens)
-    return slowed_by_prefills(step, candidate.share) + candidate.stall_s / max(remaining, 1.0)
+def stream_slack_s(output_tokens: float, tpot_target_s: float, step_s: float) -> float:
+    """The prefill stall a stream of `output_tokens` can absorb over its life and still meet its
+    TPOT target: max(L - 1, 1) · (T_tpot - δ), its time from first to last token at the target
+    less the steps themselves (negative when even an undisturbed step misses the target)."""
+    return max(output_tokens - 1.0, 1.0) * (tpot_target_s - step_s)
+
+
+def due_for_probe(engine: Engine, ledger: EngineLedger, now: float, reprobe_s: float) -> bool:
+    """The re-probe rule (module docstring): reprobe_s > 0, the engine idle (no prefill work of
+    this router open there, nothing waiting, no stream) and sent nothing for reprobe_s since
+    it was last sent something (an engine never sent anything is tried on its seeds)."""
+    if reprobe_s <= 0.0 or ledger.queued_tokens > 0.0 or engine.waiting > 0 or engine.streams():
+        return False
+    return ledger.last_placed is not None and now - ledger.last_placed >= reprobe_s
 
 
 def _pick(candidates: Sequence[Candidate], first_block_key: int | None) -> Candidate:
@@ -240,21 +258,30 @@ def _pick(candidates: Sequence[Candidate], first_block_key: int | None) -> Candi
     return chosen
 
 
+def _prefill_pick(engine: Engine, ledger: EngineLedger, inputs: PlacementInputs) -> PrefillPick:
+    own = own_work(engine, inputs)
+    through = through_first_token(ahead_work(engine, ledger, inputs), own, inputs.chunk_tokens)
+    return PrefillPick(
+        engine, ledger, own, through, ledger.costs.prefill_s(through.tokens, through.pairs)
+    )
+
+
 def _best_prefill(
     prefillers: Sequence[Engine],
     ledger_of: Callable[[Engine], EngineLedger],
     inputs: PlacementInputs,
-) -> PrefillPick:
+) -> tuple[PrefillPick, bool]:
+    """The prefill engine of lowest predicted TTFT, or the first one due for a probe (then True)."""
     best: PrefillPick | None = None
     for engine in prefillers:
         ledger = ledger_of(engine)
-        own = own_work(engine, inputs)
-        through = through_first_token(ahead_work(engine, ledger, inputs), own, inputs.chunk_tokens)
-        ttft = ledger.costs.prefill_s(through.tokens, through.pairs)
-        if best is None or ttft < best.ttft_s:
-            best = PrefillPick(engine, ledger, own, through, ttft)
+        if due_for_probe(engine, ledger, inputs.now, inputs.reprobe_s):
+            return _prefill_pick(engine, ledger, inputs), True
+        pick = _prefill_pick(engine, ledger, inputs)
+        if best is None or pick.ttft_s < best.ttft_s:
+            best = pick
     assert best is not None
-    return best
+    return best, False
 
 
 def _first(chosen: Engine, engines: Sequence[Engine]) -> list[Engine]:
@@ -274,18 +301,27 @@ def place(
     (or no prefill engine to use: none healthy, n > 1) stays local.
     """
     candidates = [decode_candidate(engine, ledger_of(engine), inputs) for engine in decoders]
-    local = _pick(candidates, inputs.first_block_key)
+    probed = next(
+        (c for c in candidates if due_for_probe(c.engine, c.ledger, inputs.now, inputs.reprobe_s)),
+        None,
+    )
+    local = probed or _pick(candidates, inputs.first_block_key)
     target = inputs.target
     q = inputs.meet_threshold
     chosen, prefill, ttft, meet = local, None, local.ttft_s, local.meet
+    probe = False
     separate = [c for c in candidates if not c.engine.colocated]
     if prefillers and separate and disaggregation != "never" and not local.engine.colocated:
-        pick = _best_prefill(prefillers, ledger_of, inputs)
+        pick, probe = _best_prefill(prefillers, ledger_of, inputs)
         decode = min(separate, key=lambda c: c.tpot_s)
         ledger = decode.ledger
         pd_ttft = pick.ttft_s + ledger.costs.handoff_s(inputs.prompt_tokens)
         pd_ttft_meet = meet_probability(pd_ttft, target.ttft_s, ledger.ttft_sigma())
-        if disaggregation == "always" or _disaggregate(local, pd_ttft, pd_ttft_meet, inputs):
+        if (
+            disaggregation == "always"
+            or probe
+            or _disaggregate(local, pd_ttft, pd_ttft_meet, inputs)
+        ):
             tpot_meet = meet_probability(decode.tpot_s, target.tpot_s, ledger.tpot_sigma())
             chosen, prefill, ttft, meet = decode, pick, pd_ttft, pd_ttft_meet * tpot_meet
     return Placement(
@@ -293,7 +329,7 @@ def place(
         prefill,
         ttft,
         meet,
-        target.sheddable and meet < q,
+        target.sheddable and meet < q and probed is None and not probe,
         _first(chosen.engine, decoders),
         _first(prefill.engine, prefillers) if prefill is not None else [],
     )
@@ -309,19 +345,15 @@ def _disaggregate(
     ledger = local.ledger
     window = ledger.share_window_s
     over_budget = local.share + local.stall_s / window > inputs.interference_budget
-    if local.streams <= 0 or not (over_budget or _hurts_running_streams(local, inputs, q)):
+    if local.streams <= 0 or not (over_budget or _hurts_running_streams(local)):
         return False
     return pd_ttft_meet >= q
 
 
-def _hurts_running_streams(local: Candidate, inputs: PlacementInputs, q: float) -> bool:
-    """Local prefill pushes the streams decoding on the engine past their tightest TPOT target."""
-    ledger = local.ledger
-    tightest = ledger.tightest_tpot_s()
-    if tightest is None:
-        return False
-    running = running_tpot_s(local, inputs.prompt_tokens)
-    return meet_probability(running, tightest, ledger.tpot_sigma()) < q
+def _hurts_running_streams(local: Candidate) -> bool:
+    """Local prefill's stall passes the tightest slack of the streams decoding on the engine."""
+    slack = local.ledger.tightest_slack_s()
+    return slack is not None and local.stall_s > slack
 
 
 def retry_after_s(placement: Placement, target: SloTarget) -> int:

@@ -5,7 +5,11 @@ A `Ticket` holds what the plan predicted and what it added to the ledgers, and t
 the request moves on (prefill answered, first byte, end); when the request ends, after its answer
 has left, each observation goes to the model that predicted it:
 
-    placed, local           -> the decode engine's prefill share: + its predicted stall
+    placed                  -> both engines' last placement time (the re-probe rule)
+    placed, local           -> the decode engine's prefill share and stall clock: + its
+                               predicted stall
+    first byte              -> a stream on the decode engine, with slack
+                               max(L - 1, 1) · (T_tpot - step_s(own streams + 1, their tokens))
     P/D prefill answered    -> prefill model of the prefill engine: (through work, prefill s)
     first byte, local       -> prefill model of the decode engine: (through work, upstream s)
     first byte, P/D         -> handoff model of the decode engine: (prompt tokens, handoff s)
@@ -33,7 +37,7 @@ from tandem.router.metrics import RouterMetrics
 from tandem.router.predict.cost_model import EngineCosts
 from tandem.router.predict.ledger import ERROR_WEIGHT, EngineLedger
 from tandem.router.predict.output_length import LengthKeys, LengthPrediction, OutputLengthModel
-from tandem.router.predict.placement import Placement
+from tandem.router.predict.placement import Placement, stream_slack_s
 from tandem.router.predict.slo import SloTarget
 
 MEAN_WEIGHT = 0.02  # the running means of request sizes: a window of about 50 requests
@@ -90,6 +94,7 @@ class Predictor:
         work = placement.prefill_work
         self.mean_uncached_tokens += MEAN_WEIGHT * (work.tokens - self.mean_uncached_tokens)
         self.mean_uncached_pairs += MEAN_WEIGHT * (work.pairs - self.mean_uncached_pairs)
+        placement.decode.ledger.last_placed = placement.prefill_ledger.last_placed = now
         if placement.prefill is None:
             placement.decode.ledger.add_prefill(now, placement.decode.stall_s)
         return Ticket(self, placement, prompt_tokens, output, keys, target, streaming)
@@ -116,6 +121,7 @@ class Ticket:
         "_prefill_held",
         "_prefill_s",
         "_queued_on",
+        "_slack_key",
         "_stream_on",
         "_stream_tokens",
         "_upstream_start",
@@ -150,6 +156,7 @@ class Ticket:
         self._queued_on.queued_tokens += self._prefill_held.tokens
         self._queued_on.queued_pairs += self._prefill_held.pairs
         self._stream_on: EngineLedger | None = None
+        self._slack_key = 0.0
         self._stream_tokens = prompt_tokens + output.median * 0.5
         self._prefill_s: float | None = None
         self._first_byte: float | None = None
@@ -182,7 +189,9 @@ class Ticket:
         self._upstream_start = upstream_start
         self._prefill_done = prefill_done
         ledger = self.predictor.ledger(engine)
-        ledger.add_stream(self._stream_tokens, self.output.median, self.target.tpot_s)
+        step = ledger.costs.step_s(ledger.streams + 1, ledger.stream_tokens + self._stream_tokens)
+        slack = stream_slack_s(self.output.median, self.target.tpot_s, step)
+        self._slack_key = ledger.add_stream(self._stream_tokens, self.output.median, slack)
         self._stream_on = ledger
 
     def finished(self, output_tokens: int | None, last_event: float | None) -> None:
@@ -194,7 +203,7 @@ class Ticket:
         if ledger is None:
             return
         self._stream_on = None
-        ledger.end_stream(self._stream_tokens, self.output.median, self.target.tpot_s)
+        ledger.end_stream(self._stream_tokens, self.output.median, self._slack_key)
         self._learn_first_byte(ledger)
         if output_tokens is not None:
             self._learn_stream(ledger, output_tokens, last_event)
