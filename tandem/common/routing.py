@@ -142,6 +142,11 @@ class AdmissionConfig(SettingsModel):
     """Largest accepted request body."""
     max_queue_per_priority: int | None = Field(None, ge=1, alias="maxQueuePerPriority")
     """Requests that may wait at one priority level; unset = `maxQueue`."""
+    engine_wait_s: float = Field(0.0, ge=0, le=3600, alias="engineWaitSeconds")
+    """While no decode engine is ready (a pool scaled to zero and waking, engines restarting), a
+    request holds its admission slot and waits up to this long for one, then gets 503 with
+    Retry-After; 0 answers 503 at once. Set from `autoscaling.scaleToZero.wakeTimeoutSeconds`
+    when scale-to-zero is on."""
 
 
 class TimeoutConfig(SettingsModel):

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import socket
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -14,6 +16,7 @@ import yaml
 from tandem.common.ports import bound_free_port
 from tandem.local.plan import LOCALHOST, LocalOptions, LocalPlan, build_plan
 from tandem.local.supervisor import Supervisor
+from tandem.local.zero import LocalZero, stop_task
 from tandem.operator.api import ServingCluster, load_manifest, parse_manifest
 
 PROFILES_DIR = Path(__file__).resolve().parent.parent / "emulator" / "profiles"
@@ -84,11 +87,16 @@ class LocalCluster:
         run_dir: Path,
         startup_timeout_s: float | None = None,
         grace_s: float = 10.0,
+        report: Callable[[str], None] = print,
     ) -> None:
         self.sc, self.options, self.run_dir = sc, options, run_dir
         self.startup_timeout_s = startup_timeout_s or (900.0 if options.engine == "vllm" else 120.0)
         self.supervisor = Supervisor(run_dir / "logs", grace_s)
         self.plan: LocalPlan | None = None
+        # Scale to zero (spec.autoscaling.scaleToZero): its loop and where it reports changes.
+        self.report = report
+        self.zero: LocalZero | None = None
+        self._zero_task: asyncio.Task[None] | None = None
 
     def make_plan(self) -> LocalPlan:
         ports = PortPool()
@@ -107,9 +115,14 @@ class LocalCluster:
             await self.supervisor.run_to_completion(plan.tokenizer_fetch, 300.0)
         router = await self.supervisor.start(plan.router)
         await self.supervisor.wait_healthy([router], 60.0)
+        if self.sc.spec.autoscaling.scale_to_zero.enabled:
+            self.zero = LocalZero(self.sc, plan, self.supervisor, engines, self.report)
+            self._zero_task = asyncio.get_running_loop().create_task(self.zero.run())
         return plan
 
     async def stop(self) -> None:
+        await stop_task(self._zero_task)
+        self._zero_task = None
         await self.supervisor.stop()
 
     async def __aenter__(self) -> LocalPlan:

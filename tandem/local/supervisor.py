@@ -123,21 +123,23 @@ class Supervisor:
                 f"from {child.log_path}:\n{child.log_excerpt()}"
             )
 
-    async def first_exit(self) -> Child:
-        """The first child to exit (for reporting a crash while serving)."""
-        waits = {asyncio.ensure_future(c.process.wait()): c for c in self.children}
-        try:
-            done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-            return waits[next(iter(done))]
-        finally:
-            for future in waits:
-                future.cancel()
+    async def first_exit(self, poll_s: float = 0.5) -> Child:
+        """The first child to exit on its own (for reporting a crash while serving). Children
+        started later count; children ended by `stop_children` (an idle pool put to sleep) do
+        not."""
+        while True:
+            for child in list(self.children):
+                if child.process.returncode is not None:
+                    return child
+            await asyncio.sleep(poll_s)
 
-    async def stop(self) -> None:
-        """SIGTERM every group (router first, so clients stop before engines), wait up to the grace
-        period, then SIGKILL whatever is left, including grandchildren of exited leaders."""
-        children = list(reversed(self.children))
+    async def stop_children(self, children: Sequence[Child]) -> None:
+        """SIGTERM each child's group in order, wait up to the grace period, then SIGKILL whatever
+        is left, including grandchildren of exited leaders; they leave `children` first."""
+        children = list(children)
         for child in children:
+            if child in self.children:
+                self.children.remove(child)
             if child.process.returncode is None:
                 _signal_group(child.pid, signal.SIGTERM)
         waits = [asyncio.ensure_future(c.process.wait()) for c in children]
@@ -149,4 +151,7 @@ class Supervisor:
             if not wait.done():
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(wait, 5)
-        self.children.clear()
+
+    async def stop(self) -> None:
+        """Stop every child, the router first so clients stop before engines."""
+        await self.stop_children(list(reversed(self.children)))

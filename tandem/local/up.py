@@ -162,7 +162,13 @@ class _Up:
         run_dir = self.args.run_dir or Path("out") / "up" / f"{label}-{self.stamp}"
         if self.args.run_dir and len(self.args.manifests) > 1:
             run_dir = self.args.run_dir / label
-        return LocalCluster(sc, options, run_dir, self.args.startup_timeout)
+        return LocalCluster(
+            sc,
+            options,
+            run_dir,
+            self.args.startup_timeout,
+            report=lambda line: self.console.print(f"{label}: {line}", highlight=False),
+        )
 
     async def serve(self, clusters: Sequence[ServingCluster], labels: Sequence[str]) -> int:
         """Start every cluster, then wait for Ctrl-C / SIGTERM or a crashed process."""

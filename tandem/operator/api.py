@@ -610,6 +610,21 @@ class PlannerSpec(_Model):
     """KV-cache tokens of one decode engine (vLLM logs it at start as "GPU KV cache size")."""
 
 
+class ScaleToZeroSpec(_Model):
+    """Both pools to zero engines when the cluster is idle, and back when requests arrive; the
+    router stays up and holds requests meanwhile (docs/autoscaling.md, "Scale to zero")."""
+
+    enabled: bool = False
+    """Scale both pools to zero after `idleSeconds` without requests."""
+    idle_seconds: float = Field(900, ge=0, alias="idleSeconds")
+    """No request answered, held or in flight at the router for this long: both pools go to 0."""
+    wake_timeout_seconds: float = Field(300, gt=0, le=3600, alias="wakeTimeoutSeconds")
+    """How long the router holds a request while no decode engine is ready (the router's
+    `admission.engineWaitSeconds`); past it the request gets 503 with Retry-After. Cover the
+    engines' start (scheduling, image pull, model load) and stay under
+    `router.timeouts.requestSeconds`, which bounds the whole request."""
+
+
 class AutoscalingSpec(_Model):
     """Prometheus-driven sizing of the two pools, each on its own signal."""
 
@@ -648,6 +663,9 @@ class AutoscalingSpec(_Model):
     pools in one plan from the offered load and the engines' capacity (planner)."""
     planner: PlannerSpec = Field(default_factory=PlannerSpec)
     """The planner's engine model and forecast (mode: planner)."""
+    scale_to_zero: ScaleToZeroSpec = Field(default_factory=ScaleToZeroSpec, alias="scaleToZero")
+    """Zero engines while idle: decode wakes on the first held request, prefill once P/D pays (in
+    mode planner, with decode)."""
 
 
 class MonitoringSpec(_Model):

@@ -49,7 +49,7 @@ POOL_REPLICAS = Gauge(
 )
 EVALUATIONS = Counter(
     "tandem_operator_autoscaler_evaluations",
-    "Autoscaler evaluations of a pool by decision: ScaledUp, ScaledDown, Steady, Stabilizing, MetricsUnavailable.",
+    "Autoscaler evaluations of a pool by decision: ScaledUp, ScaledDown, Steady, Stabilizing, MetricsUnavailable, Asleep (held at zero).",
     [*POOL_LABELS, "decision"],
     registry=REGISTRY,
 )

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from tandem.common.roles import LABEL_CLUSTER, LABEL_ROLE, ROLES, Role
+from tandem.common.routing import AdmissionConfig
 from tandem.operator.api import (
     EngineSpec,
     EnvVar,
@@ -532,7 +533,7 @@ def router_config(
         hash_seed=spec.engine.hash_seed,
         scoring=router.scoring,
         disaggregation=router.disaggregation,
-        admission=router.admission,
+        admission=router_admission(sc),
         tenancy=router.tenancy,
         timeouts=router.timeouts,
         processes=router.processes,
@@ -555,6 +556,16 @@ def router_config(
         auth=auth or router_auth_config(sc),
         epp=gateway.epp_config(sc),
     )
+
+
+def router_admission(sc: ServingCluster) -> AdmissionConfig:
+    """`router.admission`, holding requests for `scaleToZero.wakeTimeoutSeconds` while no decode
+    engine is ready when scale-to-zero is on."""
+    admission = sc.spec.router.admission
+    zero = sc.spec.autoscaling.scale_to_zero
+    if not zero.enabled:
+        return admission
+    return admission.model_copy(update={"engine_wait_s": zero.wake_timeout_seconds})
 
 
 def router_config_map(sc: ServingCluster) -> dict[str, Any]:

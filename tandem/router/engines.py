@@ -19,6 +19,9 @@ class Engine:
     # The NIXL side-channel port its KV handoffs must name (VLLM_NIXL_SIDE_CHANNEL_PORT).
     side_channel_port: int = 5600
     healthy: bool = True
+    # Refused a request as vLLM does while it drains after SIGTERM: no new request goes to it,
+    # though /health still answers 200, until a failed health check (its exit) clears it.
+    draining: bool = False
     # Requests the router has open on this engine right now.
     in_flight: int = 0
     # Of those, requests whose first byte has not come back yet.
@@ -126,7 +129,9 @@ class EnginePool:
         return engine
 
     def candidates(self, role: Role) -> list[Engine]:
-        return [e for e in self.engines.values() if e.healthy and role in e.roles]
+        return [
+            e for e in self.engines.values() if e.healthy and not e.draining and role in e.roles
+        ]
 
     def all(self, role: Role | None = None) -> list[Engine]:
         return [e for e in self.engines.values() if role is None or role in e.roles]

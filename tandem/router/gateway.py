@@ -148,7 +148,7 @@ class GatewayService:
         if path == "/v1/models" and self._open_to(request):
             responder.send(200, self._models(self._open_to(request)))
         elif path in ("/health", "/ping"):
-            healthy = [r for r in self.routers if r.pool.candidates("decode")]
+            healthy = [r for r in self.routers if r.ready()]
             responder.send(
                 200 if healthy else 503,
                 b"" if healthy else error_body(503, "no healthy decode engine for any model"),

@@ -106,6 +106,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-uncached-tokens", type=int)
     p.add_argument("--max-queue", type=int)
     p.add_argument("--max-in-flight", type=int)
+    p.add_argument(
+        "--engine-wait-seconds",
+        type=float,
+        help="hold a request this long for a decode engine to become ready (scale from zero)",
+    )
     p.add_argument("--api-key", action="append", default=[], help="a client API key (repeatable)")
     p.add_argument(
         "--client-keys-file", help="client API keys, one per line; re-read when the file changes"
@@ -231,6 +236,7 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         ("disaggregation", "minUncachedTokens", args.min_uncached_tokens),
         ("admission", "maxQueue", args.max_queue),
         ("admission", "maxInFlight", args.max_in_flight),
+        ("admission", "engineWaitSeconds", args.engine_wait_seconds),
         ("timeouts", "decodeIdleSeconds", args.decode_idle_seconds),
         ("timeouts", "prefillSeconds", args.prefill_seconds),
         ("timeouts", "requestSeconds", args.request_seconds),

@@ -158,6 +158,21 @@ class RouterMetrics:
             "KV-event batches or subscriptions that failed (the subscriber logs and resubscribes).",
             ["endpoint", "kind"],
         )
+        self.engine_wait = latency(
+            "tandem_router_engine_wait_seconds",
+            "Time a request waited for a decode engine to become ready (scale from zero), by "
+            "outcome: ready, or timeout (answered 503).",
+            ["outcome"],
+        )
+        self.prefill_wanted = CounterFamily(
+            "tandem_router_prefill_wanted_total",
+            "Requests served on a decode engine only because no prefill engine was ready, which "
+            "P/D would have taken (wakes a prefill pool at zero).",
+        )
+        self.arrivals = CounterFamily(
+            "tandem_router_arrivals_total",
+            "Requests received on the completion endpoints (scale to zero's activity signal).",
+        )
         self.prediction_error = HistogramFamily(
             "tandem_router_prediction_error_ratio",
             "Predictive policy: |observed - predicted| / observed per request (its _sum / _count "
@@ -166,6 +181,10 @@ class RouterMetrics:
             ["quantity"],
             buckets=_ERROR_RATIO,
         )
+        # Exposed at 0 from the start: Prometheus's increase() over a series that is born at 1
+        # would miss its first request, and these wake and keep awake pools at zero.
+        self.arrivals.labels()
+        self.prefill_wanted.labels()
         families = [
             v for v in vars(self).values() if isinstance(v, HistogramFamily | CounterFamily)
         ]

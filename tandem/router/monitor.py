@@ -18,7 +18,13 @@ from tandem.router.lora_admin import (
     record_answers,
     send_to_engines,
 )
-from tandem.router.upstream import AuthHeader, UpstreamError, UpstreamPool, Upstreams
+from tandem.router.upstream import (
+    AuthHeader,
+    UpstreamError,
+    UpstreamPool,
+    Upstreams,
+    UpstreamTimeout,
+)
 
 log = logging.getLogger("tandem.router.monitor")
 
@@ -28,6 +34,9 @@ class EngineMonitor:
 
     An engine is healthy while /health answers 200; one failed check marks it unhealthy (the proxy
     also marks an engine unhealthy at once on a refused connection) and the next good one restores it.
+    A scrape whose connection is refused marks the engine unhealthy at once, as the proxy does.
+    An engine the proxy saw draining stays out of the candidates until a health check fails or a
+    scrape's connection is refused (it exited): a new process on its address is a candidate again.
     """
 
     def __init__(
@@ -88,6 +97,7 @@ class EngineMonitor:
                     "engine %s is now %s", engine.id, "healthy" if ok else f"unhealthy: {reason}"
                 )
             engine.healthy = ok
+            engine.draining = engine.draining and ok  # a drained engine's exit ends its drain
             engine.consecutive_failures = 0 if ok else engine.consecutive_failures + 1
         if engine.healthy:
             await self._scrape_load(engine, pool)
@@ -98,13 +108,16 @@ class EngineMonitor:
         """Queue depth and KV usage from /metrics. A slow or failed scrape keeps the last values:
         health is /health's to decide (a busy engine's /metrics can take seconds to render), and a
         dead engine fails its health check, which the next pass makes, or the proxy's next
-        connection."""
+        connection; a refused connection marks it down at once."""
         try:
             response = await pool.request("GET", "/metrics", idle_s=self.timeout_s)
             text = await response.read()
         except UpstreamError as exc:
             log.debug("engine %s: /metrics not read: %s", engine.id, exc)
             self._suspect.add(engine.id)
+            if exc.connect and not isinstance(exc, UpstreamTimeout):
+                # Refused: the process is gone (a drained one, too); down until /health answers.
+                engine.healthy = engine.draining = False
             return
         if response.status == 200:
             load = parse_engine_load(text)

@@ -115,6 +115,7 @@ def merge_engine_views(
 def _merge_engine(seen: list[tuple[str, Mapping[str, Any]]]) -> dict[str, Any]:
     merged = dict(seen[0][1])
     merged["healthy"] = all(engine["healthy"] for _, engine in seen)
+    merged["draining"] = any(engine.get("draining") for _, engine in seen)
     for keys, combine in ((_SUMMED, sum), (_LARGEST, max), (("removal_cost",), _mean)):
         for key in keys:
             values = [engine[key] for _, engine in seen if engine.get(key) is not None]

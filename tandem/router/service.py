@@ -247,7 +247,7 @@ class RouterService:
         elif path == "/livez":
             responder.send(200, b"")
         elif path in ("/health", "/ping"):
-            ok = bool(self.pool.candidates("decode"))
+            ok = self.ready()
             responder.send(
                 200 if ok else 503, b"" if ok else error_body(503, "no healthy decode engine")
             )
@@ -335,6 +335,11 @@ class RouterService:
         content_type = "text/plain; charset=utf-8" if status == 200 else "application/json"
         responder.send(status, body, content_type=content_type)
 
+    def ready(self) -> bool:
+        """Readiness: a decode engine is healthy, or the router holds requests for one
+        (`admission.engineWaitSeconds`), so it serves while the pools are at zero."""
+        return bool(self.config.admission.engine_wait_s or self.pool.candidates("decode"))
+
     def removal_costs(self) -> dict[str, float]:
         """Each engine's removal cost (`removal_cost.py`), at most a few seconds old."""
         return self._removal_costs.read()
@@ -349,6 +354,7 @@ class RouterService:
             "url": engine.url,
             "roles": sorted(engine.roles),
             "healthy": engine.healthy,
+            "draining": engine.draining,
             "in_flight": engine.in_flight,
             "waiting": engine.waiting,
             "running": engine.running,
@@ -400,6 +406,11 @@ class RouterService:
             "tandem_router_queue_waiting", "Requests waiting in the admission queue."
         )
         waiting.add_metric([], self.state.admission.waiting)
+        held = GaugeMetricFamily(
+            "tandem_router_engine_wait_requests",
+            "Requests held until a decode engine is ready (scale from zero wakes on it).",
+        )
+        held.add_metric([], self.proxy.engine_wait.held)
         blocks = GaugeMetricFamily(
             "tandem_router_index_blocks", "Distinct blocks in the prefix index.", labels=["index"]
         )
@@ -416,4 +427,4 @@ class RouterService:
         )
         for reason, count in sorted(self.server.counts.items()):
             refused.add_metric([reason], count)
-        return [in_flight, healthy, removal_cost, waiting, blocks, connections, refused]
+        return [in_flight, healthy, removal_cost, waiting, held, blocks, connections, refused]

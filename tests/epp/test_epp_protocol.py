@@ -6,6 +6,7 @@ names."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 from collections.abc import Iterator
 
@@ -18,7 +19,9 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_proc_gr
 from epp.epp_harness import PickerRouter, hostport
 from google.protobuf import struct_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from router.router_harness import Engine, running
+from router.router_harness import Engine, metric, metrics, running, wait_until
+
+from tandem.common.ports import free_port
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -56,11 +59,11 @@ def body_message(body: bytes, end: bool) -> ext_proc.ProcessingRequest:
 
 
 def exchange(
-    port: int, messages: list[ext_proc.ProcessingRequest]
+    port: int, messages: list[ext_proc.ProcessingRequest], timeout: float = 30
 ) -> list[ext_proc.ProcessingResponse]:
     with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
         stub = ext_proc_grpc.ExternalProcessorStub(channel)
-        return list(stub.Process(iter(messages), timeout=30))
+        return list(stub.Process(iter(messages), timeout=timeout))
 
 
 def set_headers(response: ext_proc.ProcessingResponse) -> dict[str, str]:
@@ -148,6 +151,29 @@ def test_subset_hint_limits_the_pick(picker: tuple[PickerRouter, list[Engine]]) 
         headers_message("/v1/completions", False, ["127.0.0.9:1"]), body_message(COMPLETION, True)])  # fmt: skip
     assert refused.immediate_response.status.code == 503
     assert json.loads(refused.immediate_response.body)["error"]["code"] == 503
+
+
+def test_a_request_is_held_until_a_decode_engine_starts_then_picked() -> None:
+    """Scale from zero through the gateway: with `engineWaitSeconds` the picker holds a request
+    while no decode engine is ready (counted in the held gauge that wakes the pool, and as an
+    arrival), and picks the engine that starts on the address the router lists."""
+    port = free_port()
+    router = PickerRouter(["--worker", f"http://127.0.0.1:{port}", "--engine-wait-seconds", "90"])
+    with running(router), concurrent.futures.ThreadPoolExecutor(1) as pool:
+        messages = [headers_message("/v1/completions", False), body_message(COMPLETION, True)]
+        answer = pool.submit(exchange, router.epp_port, messages, 120)
+        wait_until(
+            lambda: metric(metrics(router.url), "tandem_router_engine_wait_requests") == 1,
+            timeout=30,
+        )
+        assert not answer.done(), "the request must wait, not fail"
+        with running(Engine(None, port=port)):
+            answers = answer.result(timeout=120)
+        text = metrics(router.url)
+    assert set_headers(answers[0])["x-gateway-destination-endpoint"] == f"127.0.0.1:{port}"
+    assert metric(text, "tandem_router_arrivals_total") == 1
+    assert metric(text, "tandem_router_engine_wait_seconds_count", outcome="ready") == 1
+    assert metric(text, "tandem_router_engine_wait_requests") == 0
 
 
 def test_bad_requests_are_answered_by_the_picker(picker: tuple[PickerRouter, list[Engine]]) -> None:

@@ -68,8 +68,9 @@ class Engine(Proc):
         extra: list[str] | None = None,
         kv_events: bool = False,
         extra_env: dict[str, str] | None = None,
+        port: int | None = None,
     ):
-        port = free_port()
+        port = port or free_port()
         args = [
             "emulate",
             *ENGINE_ARGS,

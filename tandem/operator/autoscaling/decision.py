@@ -45,6 +45,7 @@ Reason = Literal[
     "Steady",
     "Stabilizing",
     "MetricsUnavailable",
+    "Asleep",
 ]
 Limit = Literal["TooManyReplicas", "TooFewReplicas", "ScaleUpLimit"]
 

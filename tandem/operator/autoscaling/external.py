@@ -20,6 +20,7 @@ from tandem.common.roles import Role
 from tandem.operator.api import ServingCluster
 from tandem.operator.autoscaling.policy import PoolPolicy, pool_policies
 from tandem.operator.autoscaling.queries import PoolSelector, pool_queries
+from tandem.operator.autoscaling.zero import demand_queries
 from tandem.operator.render import child_name, rendered_roles, role_labels
 
 # External metric names that the prometheus-adapter rules in docs/autoscaling.md define.
@@ -28,6 +29,9 @@ ADAPTER_LATENCY_METRIC: dict[Role, str] = {
     "decode": "tandem_itl_seconds",
 }
 ADAPTER_WAITING_METRIC = "vllm_num_requests_waiting"
+# The routers' demand (held + arrived + in flight, `wake_query`) as the prometheus-adapter rule
+# in docs/autoscaling.md names it.
+ADAPTER_DEMAND_METRIC = "tandem_router_demand"
 ADAPTER_KV_USAGE_METRIC = "vllm_kv_cache_usage_perc"
 MAX_STABILIZATION_S = 3600  # the HPA API's upper bound
 MAX_PERIOD_S = 1800
@@ -106,23 +110,51 @@ def keda_scaled_object(sc: ServingCluster, pool: Role) -> dict[str, Any]:
         )
     if policy.max_kv_usage is not None:
         triggers.append(trigger(queries["kv_usage"], policy.max_kv_usage, "Value"))
+    spec: dict[str, Any] = {
+        "scaleTargetRef": _target(sc, pool),
+        "minReplicaCount": policy.min_replicas,
+        "maxReplicaCount": policy.max_replicas,
+        "pollingInterval": max(1, math.ceil(scaling.interval_seconds)),
+        "advanced": {
+            "horizontalPodAutoscalerConfig": {
+                "behavior": behavior(policy, scaling.interval_seconds)
+            }
+        },
+        "triggers": triggers,
+    }
+    zero = scaling.scale_to_zero
+    if zero.enabled:
+        # KEDA scales a pool from 0 when a trigger exceeds its activationThreshold and back to 0
+        # cooldownPeriod after the last one did: the router's demand is that trigger.
+        activation = trigger(wake_query(sc, pool), ACTIVATION_ONLY, "AverageValue")
+        activation["metadata"]["activationThreshold"] = "0"
+        triggers.append(activation)
+        spec["minReplicaCount"] = 0
+        spec["cooldownPeriod"] = max(1, math.ceil(zero.idle_seconds))
     return {
         "apiVersion": "keda.sh/v1alpha1",
         "kind": "ScaledObject",
         "metadata": _metadata(sc, pool),
-        "spec": {
-            "scaleTargetRef": _target(sc, pool),
-            "minReplicaCount": policy.min_replicas,
-            "maxReplicaCount": policy.max_replicas,
-            "pollingInterval": max(1, math.ceil(scaling.interval_seconds)),
-            "advanced": {
-                "horizontalPodAutoscalerConfig": {
-                    "behavior": behavior(policy, scaling.interval_seconds)
-                }
-            },
-            "triggers": triggers,
-        },
+        "spec": spec,
     }
+
+
+# An AverageValue target no demand reaches: the wake trigger only activates a pool from zero
+# (desired = ceil(demand / target) = 1), the pool's own triggers size it.
+ACTIVATION_ONLY = 1e6
+
+
+def wake_query(sc: ServingCluster, pool: Role) -> str:
+    """The router demand that wakes `pool` from zero and keeps it awake (zero.py's rules):
+
+    decode, and prefill in mode always: held + arrived over the window + in flight
+    prefill in mode auto:               requests P/D would have taken over the window
+    """
+    scaling = sc.spec.autoscaling
+    queries = demand_queries(sc.namespace, sc.name, scaling.metrics_window_seconds)
+    if pool == "prefill" and sc.spec.router.disaggregation.mode != "always":
+        return queries["prefill_wanted"]
+    return " + ".join(f"({queries[key]} or vector(0))" for key in ("held", "arrived", "in_flight"))
 
 
 def horizontal_pod_autoscaler(sc: ServingCluster, pool: Role) -> dict[str, Any]:
@@ -156,13 +188,29 @@ def horizontal_pod_autoscaler(sc: ServingCluster, pool: Role) -> dict[str, Any]:
         for name, target in per_pod
         if target is not None
     ]
+    if scaling.scale_to_zero.enabled:
+        # minReplicas 0 needs the HPAScaleToZero feature gate and an Object or External metric:
+        # the routers' demand, which scales the pool from 0 and keeps it at 1 or more while
+        # requests come; the pool reaches 0 after scaleDownStabilizationSeconds without any.
+        metrics.append(
+            {
+                "type": "External",
+                "external": {
+                    "metric": {
+                        "name": ADAPTER_DEMAND_METRIC,
+                        "selector": {"matchLabels": {"tandem_dev_cluster": sc.name}},
+                    },
+                    "target": {"type": "AverageValue", "averageValue": quantity(ACTIVATION_ONLY)},
+                },
+            }
+        )
     return {
         "apiVersion": "autoscaling/v2",
         "kind": "HorizontalPodAutoscaler",
         "metadata": _metadata(sc, pool),
         "spec": {
             "scaleTargetRef": _target(sc, pool),
-            "minReplicas": policy.min_replicas,
+            "minReplicas": 0 if scaling.scale_to_zero.enabled else policy.min_replicas,
             "maxReplicas": policy.max_replicas,
             "metrics": metrics,
             "behavior": behavior(policy, scaling.interval_seconds),

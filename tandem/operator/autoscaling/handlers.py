@@ -32,6 +32,7 @@ from tandem.common.roles import LABEL_CLUSTER, LABEL_ROLE, ROLES, Role
 from tandem.operator.api import API_VERSION, GROUP, KIND, PLURAL, VERSION, AutoscalingSpec
 from tandem.operator.autoscaling.decision import Decision, ScalingMemory, decide
 from tandem.operator.autoscaling.deletion_cost import rank_pool_for_scale_down
+from tandem.operator.autoscaling.planner import PlannerMemory
 from tandem.operator.autoscaling.planner_loop import (
     PlannerState,
     evaluate_planner,
@@ -48,6 +49,14 @@ from tandem.operator.autoscaling.status import (
     autoscaling_conditions,
     condition,
     pool_status,
+)
+from tandem.operator.autoscaling.zero import (
+    ZeroMemory,
+    ZeroPolicy,
+    ZeroStep,
+    read_router_demand,
+    zero_decision,
+    zero_steps,
 )
 from tandem.operator.handlers import kube as operator_kube
 from tandem.operator.kube import FIELD_MANAGER, Kube, object_path
@@ -139,10 +148,14 @@ async def evaluate(
     last: dict[Role, Decision],
     logger: logging.Logger | kopf.Logger,
     planner: PlannerState | None = None,
+    zero: ZeroClock | None = None,
 ) -> dict[Role, Decision]:
-    """One evaluation of both pools (steps 1-6 above); updates `states` and `last` in place.
-    With `mode: planner`, step 3 is one `plan` (planner.py) for both pools, whose memory
-    `planner` keeps."""
+    """One evaluation of both pools (steps 1-6 above); updates `states`, `last`, `planner` and
+    `zero` (the scale-to-zero idle clock) in place. With `mode: planner`, step 3 is one `plan`
+    (planner.py) for both pools, whose memory `planner` keeps. With scale-to-zero on, the zero
+    rules (zero.py) set the size of a pool at 0 and of every pool when the cluster goes to sleep,
+    in place of either mode's decision; in planner mode both pools wake together, and the
+    planner's memory starts afresh whenever the zero rules set a size."""
     name, namespace = body["metadata"]["name"], body["metadata"].get("namespace") or "default"
     policies = pool_policies(autoscaling)
     deployments = await asyncio.to_thread(pool_deployments, kube, namespace, name)
@@ -152,7 +165,11 @@ async def evaluate(
         return {}
     planned = None
     async with PrometheusClient(autoscaling.prometheus_url) as prometheus:
-        if autoscaling.mode == "planner":
+        now = time.monotonic()
+        steps = await _zero_steps(prometheus, autoscaling, body, deployments, zero, now)
+        if steps and planner is not None:
+            planner.memory = PlannerMemory()  # asleep or waking: the next plan starts afresh
+        if autoscaling.mode == "planner" and any(pool not in steps for pool in pools):
             spec = body.get("spec") or {}
             planned, _ = await evaluate_planner(
                 prometheus,
@@ -162,7 +179,7 @@ async def evaluate(
                 autoscaling.metrics_window_seconds,
                 {pool: deployments[pool][1] for pool in pools},
                 planner if planner is not None else PlannerState(),
-                time.monotonic(),
+                now,
             )
         readings = await asyncio.gather(
             *(
@@ -174,13 +191,16 @@ async def evaluate(
                 for pool in pools
             )
         )
-    now, stamp = time.monotonic(), _stamp()
+    stamp = _stamp()
     previous_status: Mapping[str, Any] = body.get("status", {}).get("autoscaling") or {}
     decisions: dict[Role, Decision] = {}
     status: dict[str, Any] = {"autoscaling": {}}
     for pool, (signals, why) in zip(pools, readings, strict=True):
         _, current, ready = deployments[pool]
-        if planned is not None:
+        if pool in steps:
+            # Scale to zero and back: the pool's own rules start afresh once it runs again.
+            decision, states[pool] = zero_decision(steps[pool], current), ScalingMemory()
+        elif planned is not None:
             decision = planned.decisions[pool]
         else:
             decision, states[pool] = decide(
@@ -218,6 +238,43 @@ async def evaluate(
     return decisions
 
 
+class ZeroClock:
+    """The scale-to-zero memory of one cluster's loop (its idle clock)."""
+
+    def __init__(self) -> None:
+        self.memory = ZeroMemory()
+
+
+async def _zero_steps(
+    prometheus: PrometheusClient,
+    autoscaling: AutoscalingSpec,
+    body: Mapping[str, Any],
+    deployments: Mapping[Role, tuple[str, int, int]],
+    zero: ZeroClock | None,
+    now: float,
+) -> dict[Role, ZeroStep]:
+    """The pools whose size the scale-to-zero rules set this evaluation (none when it is off)."""
+    settings = autoscaling.scale_to_zero
+    if zero is None or not settings.enabled:
+        return {}
+    meta = body["metadata"]
+    router = body.get("spec", {}).get("router") or {}
+    window = max(autoscaling.metrics_window_seconds, 2 * autoscaling.interval_seconds)
+    demand = await read_router_demand(
+        prometheus, meta.get("namespace") or "default", meta["name"], window
+    )
+    policy = ZeroPolicy(
+        idle_s=settings.idle_seconds,
+        mode=(router.get("disaggregation") or {}).get("mode", "auto"),
+        decode_min=autoscaling.decode.min,
+        prefill_min=autoscaling.prefill.min,
+        together=autoscaling.mode == "planner",
+    )
+    sizes = {pool: current for pool, (_, current, _) in deployments.items()}
+    steps, zero.memory = zero_steps(policy, demand, sizes, zero.memory, now)
+    return steps
+
+
 async def report_failure(kube: Kube, body: Mapping[str, Any], exc: Exception) -> None:
     """An evaluation that raised: ScalingActive=False and a Warning Event (the sizes are held)."""
     meta = body["metadata"]
@@ -251,6 +308,7 @@ async def autoscale(
     states: dict[Role, ScalingMemory] = {}
     last: dict[Role, Decision] = {}
     planner = PlannerState()
+    zero = ZeroClock()
     while True:
         interval = 15.0
         body = latest()
@@ -258,6 +316,7 @@ async def autoscale(
             states.clear()
             last.clear()
             planner = PlannerState()
+            zero = ZeroClock()
             await asyncio.sleep(interval)
             continue
         try:
@@ -265,7 +324,7 @@ async def autoscale(
                 body.get("spec", {}).get("autoscaling") or {}
             )
             interval = autoscaling.interval_seconds
-            await evaluate(kube, body, autoscaling, states, last, logger, planner)
+            await evaluate(kube, body, autoscaling, states, last, logger, planner, zero)
         except ValidationError as exc:
             logger.error(f"autoscaler: invalid spec.autoscaling: {exc}")
         except Exception as exc:  # one failed evaluation must not end the loop; the next retries

@@ -220,11 +220,20 @@ class EndpointPicker(ext_proc_grpc.ExternalProcessorServicer):  # type: ignore[m
     def _extension(
         self, write: Callable[[ext_proc.ProcessingResponse], Awaitable[None]]
     ) -> Callable[[], Awaitable[None]]:
-        """Asks Envoy to wait for the pick as long as the router's admission queue may hold the
-        request, and 5 s more, so that its `message_timeout` does not send a queued request on
-        unplaced under FailOpen (Envoy caps it at its `max_message_timeout`)."""
+        """Asks Envoy, once, to wait for the pick as long as the router's admission queue (or its
+        wait for a decode engine, which stays under it) may hold the request, and 5 s more, so
+        that its `message_timeout` does not send a waiting request on unplaced under FailOpen
+        (Envoy caps it at its `max_message_timeout`)."""
         answer = protocol.extend_timeout(self.config.timeouts.request_s + 5.0)
-        return lambda: write(answer)
+        sent = False
+
+        async def extend() -> None:
+            nonlocal sent
+            if not sent:
+                sent = True
+                await write(answer)
+
+        return extend
 
     async def _pick(
         self,
@@ -242,6 +251,7 @@ class EndpointPicker(ext_proc_grpc.ExternalProcessorServicer):  # type: ignore[m
         request = Request("POST", path, "", headers, raw, "")
         if not self.trust.authorized(request):
             return protocol.immediate(401, error_body(401, "Unauthorized")), None
+        self.metrics.arrivals.inc()  # the demand that keeps a cluster with scale-to-zero awake
         try:
             body = parse_body(raw, chat, self.proxy.accepted_model_names())
         except InvalidRequest as exc:
@@ -260,7 +270,9 @@ class EndpointPicker(ext_proc_grpc.ExternalProcessorServicer):  # type: ignore[m
         if refused is not None:
             return refused, None
         try:
-            placed = await self._place(request, body, chat, subset, trusted, priority, tenant)
+            placed = await self._place(
+                request, body, chat, subset, (trusted, priority, tenant), extend
+            )
         except ClientError as exc:
             placed = protocol.immediate(exc.status, exc.body, dict(exc.headers))
         except BaseException:
@@ -315,12 +327,13 @@ class EndpointPicker(ext_proc_grpc.ExternalProcessorServicer):  # type: ignore[m
         body: dict[str, Any],
         chat: bool,
         subset: frozenset[str] | None,
-        trusted: bool,
-        priority: int,
-        tenant: str,
+        client: tuple[bool, int, str],
+        extend: Callable[[], Awaitable[None]] | None = None,
     ) -> Placed | ext_proc.ProcessingResponse:
         """The router's plan for the request as a destination (and a prefill engine), or the
-        error to answer with."""
+        error to answer with. `client` is (trusted, priority, tenant); `extend` is called before
+        the request waits for a decode engine (scale from zero)."""
+        trusted, priority, tenant = client
         started = time.perf_counter()
         proxy = self.proxy
         target = proxy.slo_target(request, priority, trusted)
@@ -334,7 +347,16 @@ class EndpointPicker(ext_proc_grpc.ExternalProcessorServicer):  # type: ignore[m
                 {"retry-after": str(retry_after)},
             )
         plan, index_name, predictive = proxy.plan(body, chat, request.headers, features, target)
-        if plan is not None and subset is not None:
+        if plan is None and self.config.admission.engine_wait_s:  # scale from zero
+            if extend is not None:
+                await extend()
+            if await proxy.wait_for_engine():
+                plan, index_name, predictive = proxy.plan(
+                    body, chat, request.headers, features, target
+                )
+        if plan is None:
+            raise proxy.no_engine()
+        if subset is not None:
             plan = self._within(plan, subset)
         if plan is None:
             return self._unavailable()
@@ -353,6 +375,7 @@ class EndpointPicker(ext_proc_grpc.ExternalProcessorServicer):  # type: ignore[m
         if plan.decode.hit_blocks:
             metrics.child(metrics.prefix_hit_blocks, index_name).inc(plan.decode.hit_blocks)
             metrics.child(metrics.prefix_hits, index_name).inc()
+        proxy.count_prefill_wanted(plan, features, body.get("n") or 1, prefill is not None)
         metrics.child(metrics.decisions, reason.value).inc()
         metrics.routing.observe(time.perf_counter() - started)
         proxy.remember(plan, features, prefill)
