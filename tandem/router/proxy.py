@@ -42,7 +42,7 @@ from tandem.router.state import RouterState
 from tandem.router.trust import ClientTrust
 from tandem.router.upstream import Response, UpstreamError, UpstreamTimeout
 from tandem.router.validation import InvalidRequest, parse_body
-from tandem.router.wake import EngineWait, wait_retry_after_s, wants_prefill
+from tandem.router.wake import ScaleFromZero
 
 log = logging.getLogger("tandem.router.proxy")
 
@@ -95,7 +95,7 @@ class CompletionProxy:
         self._ids = itertools.count(1)
         self.relay = Relay(self.metrics, self._upstream_failed)
         self.predictor = state.predictor
-        self.engine_wait = EngineWait(state.pool)
+        self.scale_from_zero = ScaleFromZero(config, state.pool, self.metrics)
 
     # -- entry -------------------------------------------------------------------------------
 
@@ -297,12 +297,12 @@ class CompletionProxy:
             call.body, call.chat, call.request.headers, features, target
         )
         metrics = self.metrics
-        if plan is None and await self.wait_for_engine():
+        if plan is None and await self.scale_from_zero.wait_for_engine():
             plan, index_name, predictive = self.plan(
                 call.body, call.chat, call.request.headers, features, target
             )
         if plan is None:
-            raise self.no_engine()
+            raise self.scale_from_zero.no_engine()
         placement = plan.placement
         if placement is None or predictive is None:
             await self._carry_out_waking(call, features, plan, index_name, t_route, target)
@@ -357,7 +357,11 @@ class CompletionProxy:
             await self._carry_out(call, features, plan, index_name, t_route)
         except ClientError as exc:
             gone = exc.status == 502 and not self.state.pool.candidates("decode")
-            if not gone or call.responder.started or not await self.wait_for_engine():
+            if (
+                not gone
+                or call.responder.started
+                or not await self.scale_from_zero.wait_for_engine()
+            ):
                 raise
             again, index_name, _ = self.plan(
                 call.body, call.chat, call.request.headers, features, target
@@ -365,40 +369,6 @@ class CompletionProxy:
             if again is None:
                 raise
             await self._carry_out(call, features, again, index_name, time.perf_counter())
-
-    async def wait_for_engine(self) -> bool:
-        """Holds the request while no decode engine is ready, up to `admission.engineWaitSeconds`
-        (scale from zero); True when one became ready."""
-        limit = self.config.admission.engine_wait_s
-        if not limit:
-            return False
-        start = time.perf_counter()
-        ready = await self.engine_wait.until_ready(limit)
-        outcome = "ready" if ready else "timeout"
-        self.metrics.child(self.metrics.engine_wait, outcome).observe(time.perf_counter() - start)
-        return ready
-
-    def no_engine(self) -> ClientError:
-        """The 503 of a request that found no decode engine, after waiting `engineWaitSeconds`
-        when that is set (Retry-After `wake.wait_retry_after_s`), at once otherwise (2 s)."""
-        self.metrics.child(self.metrics.requests, "none", "503").inc()
-        limit = self.config.admission.engine_wait_s
-        retry_after = wait_retry_after_s(limit) if limit else 2
-        message = "no healthy decode engine" + (f" after waiting {limit:g}s" if limit else "")
-        return ClientError(503, error_body(503, message), [("retry-after", str(retry_after))])
-
-    def count_prefill_wanted(
-        self, plan: RoutePlan, features: Features, n: int, handed_off: bool
-    ) -> None:
-        """Counts a request prefilled on its decode engine that P/D would have taken
-        (`wake.wants_prefill`): planned local for want of a ready prefill engine, or planned P/D
-        and every prefill engine failed (or, at the endpoint picker, no relay could hand off)."""
-        prefill_ready = any(not e.colocated for e in self.state.pool.candidates("prefill"))
-        uncached = features.prompt_tokens - plan.decode.hit_blocks * self.config.block_size
-        disaggregation = self.config.disaggregation
-        local = not handed_off and not plan.decode.engine.colocated
-        if wants_prefill(local, prefill_ready, uncached, n, disaggregation):
-            self.metrics.prefill_wanted.inc()
 
     async def _carry_out(
         self, call: Call, features: Features, plan: RoutePlan, index_name: str, t_route: float
@@ -420,7 +390,9 @@ class CompletionProxy:
         reason = plan.reason
         if plan.route is Route.DISAGGREGATED and handoff is None:
             reason = Reason.FALLBACK  # every prefill engine failed: the decode engine prefills
-        self.count_prefill_wanted(plan, features, call.body.get("n") or 1, handoff is not None)
+        self.scale_from_zero.count_prefill_wanted(
+            plan, features, call.body.get("n") or 1, handoff is not None
+        )
         metrics.child(metrics.decisions, reason.value).inc()
         self.remember(plan, features, None if handoff is None else handoff.engine)
         ranking = [c.engine for c in plan.decode_ranking]

@@ -410,7 +410,7 @@ class RouterService:
             "tandem_router_engine_wait_requests",
             "Requests held until a decode engine is ready (scale from zero wakes on it).",
         )
-        held.add_metric([], self.proxy.engine_wait.held)
+        held.add_metric([], self.proxy.scale_from_zero.engine_wait.held)
         blocks = GaugeMetricFamily(
             "tandem_router_index_blocks", "Distinct blocks in the prefix index.", labels=["index"]
         )

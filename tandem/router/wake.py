@@ -8,7 +8,13 @@ import math
 import time
 
 from tandem.common.routing import DisaggregationConfig
+from tandem.router.call import ClientError
+from tandem.router.config import RouterConfig
+from tandem.router.decision import RoutePlan
 from tandem.router.engines import EnginePool
+from tandem.router.errors import error_body
+from tandem.router.features import Features
+from tandem.router.metrics import RouterMetrics
 
 
 class EngineWait:
@@ -67,3 +73,49 @@ def wants_prefill(
     if not local or prefill_ready or n != 1 or config.mode == "never":
         return False
     return config.mode == "always" or uncached_tokens >= config.min_uncached_tokens
+
+
+class ScaleFromZero:
+    """The request path's part in scale from zero: holding a request that found no decode
+    engine (`EngineWait`), its 503 when none came, and the count of prefills P/D would have
+    taken (the prefill pool's wake signal)."""
+
+    def __init__(self, config: RouterConfig, pool: EnginePool, metrics: RouterMetrics) -> None:
+        self.config = config
+        self.pool = pool
+        self.metrics = metrics
+        self.engine_wait = EngineWait(pool)
+
+    async def wait_for_engine(self) -> bool:
+        """Holds the request while no decode engine is ready, up to `admission.engineWaitSeconds`
+        (scale from zero); True when one became ready."""
+        limit = self.config.admission.engine_wait_s
+        if not limit:
+            return False
+        start = time.perf_counter()
+        ready = await self.engine_wait.until_ready(limit)
+        outcome = "ready" if ready else "timeout"
+        self.metrics.child(self.metrics.engine_wait, outcome).observe(time.perf_counter() - start)
+        return ready
+
+    def no_engine(self) -> ClientError:
+        """The 503 of a request that found no decode engine, after waiting `engineWaitSeconds`
+        when that is set (Retry-After `wake.wait_retry_after_s`), at once otherwise (2 s)."""
+        self.metrics.child(self.metrics.requests, "none", "503").inc()
+        limit = self.config.admission.engine_wait_s
+        retry_after = wait_retry_after_s(limit) if limit else 2
+        message = "no healthy decode engine" + (f" after waiting {limit:g}s" if limit else "")
+        return ClientError(503, error_body(503, message), [("retry-after", str(retry_after))])
+
+    def count_prefill_wanted(
+        self, plan: RoutePlan, features: Features, n: int, handed_off: bool
+    ) -> None:
+        """Counts a request prefilled on its decode engine that P/D would have taken
+        (`wake.wants_prefill`): planned local for want of a ready prefill engine, or planned P/D
+        and every prefill engine failed (or, at the endpoint picker, no relay could hand off)."""
+        prefill_ready = any(not e.colocated for e in self.pool.candidates("prefill"))
+        uncached = features.prompt_tokens - plan.decode.hit_blocks * self.config.block_size
+        disaggregation = self.config.disaggregation
+        local = not handed_off and not plan.decode.engine.colocated
+        if wants_prefill(local, prefill_ready, uncached, n, disaggregation):
+            self.metrics.prefill_wanted.inc()

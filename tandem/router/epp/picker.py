@@ -350,12 +350,12 @@ class EndpointPicker(ext_proc_grpc.ExternalProcessorServicer):  # type: ignore[m
         if plan is None and self.config.admission.engine_wait_s:  # scale from zero
             if extend is not None:
                 await extend()
-            if await proxy.wait_for_engine():
+            if await proxy.scale_from_zero.wait_for_engine():
                 plan, index_name, predictive = proxy.plan(
                     body, chat, request.headers, features, target
                 )
         if plan is None:
-            raise proxy.no_engine()
+            raise proxy.scale_from_zero.no_engine()
         if subset is not None:
             plan = self._within(plan, subset)
         if plan is None:
@@ -375,7 +375,9 @@ class EndpointPicker(ext_proc_grpc.ExternalProcessorServicer):  # type: ignore[m
         if plan.decode.hit_blocks:
             metrics.child(metrics.prefix_hit_blocks, index_name).inc(plan.decode.hit_blocks)
             metrics.child(metrics.prefix_hits, index_name).inc()
-        proxy.count_prefill_wanted(plan, features, body.get("n") or 1, prefill is not None)
+        proxy.scale_from_zero.count_prefill_wanted(
+            plan, features, body.get("n") or 1, prefill is not None
+        )
         metrics.child(metrics.decisions, reason.value).inc()
         metrics.routing.observe(time.perf_counter() - started)
         proxy.remember(plan, features, prefill)
