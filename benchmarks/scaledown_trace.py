@@ -20,7 +20,7 @@ path) in two phases:
   3. after: trace seconds [--warm-seconds, + --after-seconds), 3 engines, measured.
 
 Reported per setup: every engine's removal cost at the removal and the victim's share of their
-sum (the cache lost); for the after phase the engines' prefix-cache hit rate
+sum (the cache lost); the requests each engine served in the last window before the removal; for the after phase the engines' prefix-cache hit rate
 (vllm:prefix_cache_hits / queries), TTFT p50/p99 (emulated-H200 ms: wall ms x --speedup), TPOT
 p50, failures; and the ratios cache-aware / default. The two setups see the same arrivals but
 route on their own (load-aware scoring reacts to timing), so their caches already differ before the removal;
@@ -279,6 +279,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 "warm_requests": len(w),
                 "warm_failed": sum(1 for r in w if not r.ok),
                 "costs": [round(setup.costs[u], 1) for u in order],  # in start order
+                "served_before": served_by(pairs[-1][1], order),
                 "victim": order.index(setup.victim.url),
             }
         return result
@@ -287,6 +288,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             setup.router.stop()
             for engine in setup.engines:
                 engine.stop()
+
+
+def served_by(record: BenchRecord, order: Sequence[str]) -> list[int]:
+    """Requests each engine (in start order) served in `record`: for the last window before the
+    removal, whether the youngest took a share (after --join-seconds, a newcomer's)."""
+    engines = [request.tags.get("decode-engine") for request in record.requests if request.ok]
+    return [engines.count(url) for url in order]
 
 
 def ratio(a: float | None, b: float | None) -> float:
@@ -315,6 +323,13 @@ def report(result: dict[str, Any], args: argparse.Namespace, load_text: str) -> 
             f" {row['ttft_p50'] or 0:8.0f} {row['ttft_p99'] or 0:6.0f} {row['tpot_p50'] or 0:8.1f}"
             f" {row['failed'] + row['warm_failed']:6d} {row['requests']:5d}"
         )
+    print(
+        "    requests each engine served in the last window before the removal (start order): "
+        + "; ".join(
+            f"{choice} {' '.join(str(n) for n in row['served_before'])}"
+            for choice, row in result.items()
+        )
+    )
     print(
         "    hit-rate bound of the after window for each engine removed, on each setup's own"
         " state (start order):"
