@@ -210,6 +210,18 @@ async def join(setup: Setup) -> None:
     await router_sees(setup, engine, healthy=True)
 
 
+async def keep_costs_fresh(setups: Sequence[Setup]) -> None:
+    """Read every router's /engines each second, as a Prometheus scrape reads its /metrics.
+
+    A router serves the removal costs it computed when they were last read (a read of a reading
+    over 5 s old starts the next computation and is answered with the old one,
+    `RemovalCostCache`): without frequent reads, the costs read at the removal would be those of
+    the read before, at the newcomer's join, when its cache was empty. Runs until cancelled."""
+    while True:
+        await asyncio.gather(*(engines_view(s.router.url) for s in setups))
+        await asyncio.sleep(1.0)
+
+
 async def remove_victim(setup: Setup) -> None:
     """Pick the victim by the setup's rule, stop it, and wait until the router has dropped it."""
     view = {e["url"]: e for e in await engines_view(setup.router.url)}
@@ -251,6 +263,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             await asyncio.gather(*(e.wait_ready("/health") for e in setup.engines))
             await first_completion(setup.router.url, [setup.router], 90.0)
         after = window(args, args.warm_seconds, args.after_seconds)
+        reader = asyncio.create_task(keep_costs_fresh(setups))
         if args.join_seconds:
             for setup in setups:
                 await leave(setup)
@@ -265,6 +278,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             done = await asyncio.gather(*(replay(s, warm, args) for s in setups))
             replays = [[(warm, record)] for record in done]
         warmed = [[r for _, record in pairs for r in record.requests] for pairs in replays]
+        reader.cancel()  # each router's reading is now at most ~6 s old
         await asyncio.gather(*(remove_victim(s) for s in setups))
         before = await asyncio.gather(*(engine_counters(s.remaining()) for s in setups))
         records = await asyncio.gather(*(replay(s, after, args) for s in setups))
