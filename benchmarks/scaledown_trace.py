@@ -16,7 +16,11 @@ path) in two phases:
                     lower pod-deletion-cost first, more pods of the set on the same node first,
                     ready for less time first (in log2 buckets, ties by uid), more restarts
                     first, newer creation first. Four Running, Ready, never restarted engines on their own
-                    nodes differ only in age: the youngest goes, here the last one started;
+                    nodes differ only in age: the youngest goes, here the last one started, if it
+                    is Ready for under half as long as the others (after --join-seconds);
+                    engines started together share a log2 bucket and the uid picks any of them:
+                    --default-victim costliest measures the worst such pick, the engine with
+                    the highest removal cost;
   3. after: trace seconds [--warm-seconds, + --after-seconds), 3 engines, measured.
 
 Reported per setup: every engine's removal cost at the removal and the victim's share of their
@@ -222,12 +226,14 @@ async def keep_costs_fresh(setups: Sequence[Setup]) -> None:
         await asyncio.sleep(1.0)
 
 
-async def remove_victim(setup: Setup) -> None:
+async def remove_victim(setup: Setup, default_victim: str) -> None:
     """Pick the victim by the setup's rule, stop it, and wait until the router has dropped it."""
     view = {e["url"]: e for e in await engines_view(setup.router.url)}
     setup.costs = {e.url: float(view[e.url]["removal_cost"]) for e in setup.engines}
     if setup.choice == "cache-aware":
         setup.victim = min(setup.engines, key=lambda e: setup.costs[e.url])
+    elif default_victim == "costliest":
+        setup.victim = max(setup.engines, key=lambda e: setup.costs[e.url])
     else:
         setup.victim = setup.engines[-1]  # the youngest
     setup.victim.stop()
@@ -279,7 +285,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             replays = [[(warm, record)] for record in done]
         warmed = [[r for _, record in pairs for r in record.requests] for pairs in replays]
         reader.cancel()  # each router's reading is now at most ~6 s old
-        await asyncio.gather(*(remove_victim(s) for s in setups))
+        await asyncio.gather(*(remove_victim(s, args.default_victim) for s in setups))
         before = await asyncio.gather(*(engine_counters(s.remaining()) for s in setups))
         records = await asyncio.gather(*(replay(s, after, args) for s in setups))
         finished = await asyncio.gather(*(engine_counters(s.remaining()) for s in setups))
@@ -321,7 +327,8 @@ def report(result: dict[str, Any], args: argparse.Namespace, load_text: str) -> 
         f" removed, measured [{args.warm_seconds:g}, {args.warm_seconds + args.after_seconds:g}) s;"
         f" arrivals x{args.load:g}, {args.blocks} KV blocks per engine, blocks of"
         f" {args.block_tokens} tokens, outputs <= {args.max_output_tokens} ({args.profile},"
-        f" speedup {args.speedup:g}); latencies in emulated ms"
+        f" speedup {args.speedup:g}); default victim: the {args.default_victim};"
+        " latencies in emulated ms"
     )
     print(
         f"    {'victim':<12} {'removed':>7} {'costs at removal (start order)':<34} {'lost':>5}"
@@ -397,6 +404,13 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         help="the youngest engine is down until this trace second (a scale-up before the"
         " scale-down); default: all engines serve from the start",
+    )
+    parser.add_argument(
+        "--default-victim",
+        choices=("youngest", "costliest"),
+        default="youngest",
+        help="the default setup's victim: the youngest engine, or the costliest (a uid pick"
+        " among engines of one age bucket)",
     )
     parser.add_argument("--load", type=float, default=2.0, help="arrivals: trace time / X")
     parser.add_argument("--engines", type=int, default=4)
