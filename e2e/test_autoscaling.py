@@ -355,9 +355,11 @@ def test_planner_mode_sizes_prefill_from_the_offered_load(
 
     The seed is PROFILE's step, not the slowed profile the engines are given: they run that one
     `speedup()` times faster, so in the wall-clock seconds of their metrics (which the planner
-    reads) they step at PROFILE's pace. Seeded 10x slower, the planner would size decode for
-    1 / (0.15 + 0.015) s = 6 output tokens/s per engine (its ITL target below the step's base
-    cost), and this load's 2 requests/s x 4 tokens would grow decode to 2."""
+    reads) they step at PROFILE's pace. Seeded 10x slower, the planner sizes decode for
+    1 / (0.15 + 0.015) s = 6.06 output tokens/s per engine (the ITL target below the step's base
+    cost): decode grows to 2 once the output rate passes 6.06 x 0.8 = 4.85 tokens/s, which this
+    load's 2 requests/s x 4 tokens reaches, so decode stayed at 1 only when prefill's growth was
+    seen first. Seeded right, one decode engine serves 500 tokens/s at the ITL target."""
     custom = k8s.CustomObjectsApi(api)
     step = yaml.safe_load(PROFILE.read_text())["step"]
     seed = {StepCost.model_fields[key].alias: value for key, value in step.items()}
