@@ -16,11 +16,15 @@ path) in two phases:
                     lower pod-deletion-cost first, more pods of the set on the same node first,
                     ready for less time first (in log2 buckets, ties by uid), more restarts
                     first, newer creation first. Four Running, Ready, never restarted engines on their own
-                    nodes differ only in age: the youngest goes, here the last one started;
+                    nodes differ only in age: the youngest goes, here the last one started, if it
+                    is Ready for under half as long as the others (after --join-seconds);
+                    engines started together share a log2 bucket and the uid picks any of them:
+                    --default-victim costliest measures the worst such pick, the engine with
+                    the highest removal cost;
   3. after: trace seconds [--warm-seconds, + --after-seconds), 3 engines, measured.
 
 Reported per setup: every engine's removal cost at the removal and the victim's share of their
-sum (the cache lost); for the after phase the engines' prefix-cache hit rate
+sum (the cache lost); the requests each engine served in the last window before the removal; for the after phase the engines' prefix-cache hit rate
 (vllm:prefix_cache_hits / queries), TTFT p50/p99 (emulated-H200 ms: wall ms x --speedup), TPOT
 p50, failures; and the ratios cache-aware / default. The two setups see the same arrivals but
 route on their own (load-aware scoring reacts to timing), so their caches already differ before the removal;
@@ -210,12 +214,26 @@ async def join(setup: Setup) -> None:
     await router_sees(setup, engine, healthy=True)
 
 
-async def remove_victim(setup: Setup) -> None:
+async def keep_costs_fresh(setups: Sequence[Setup]) -> None:
+    """Read every router's /engines each second, as a Prometheus scrape reads its /metrics.
+
+    A router serves the removal costs it computed when they were last read (a read of a reading
+    over 5 s old starts the next computation and is answered with the old one,
+    `RemovalCostCache`): without frequent reads, the costs read at the removal would be those of
+    the read before, at the newcomer's join, when its cache was empty. Runs until cancelled."""
+    while True:
+        await asyncio.gather(*(engines_view(s.router.url) for s in setups))
+        await asyncio.sleep(1.0)
+
+
+async def remove_victim(setup: Setup, default_victim: str) -> None:
     """Pick the victim by the setup's rule, stop it, and wait until the router has dropped it."""
     view = {e["url"]: e for e in await engines_view(setup.router.url)}
     setup.costs = {e.url: float(view[e.url]["removal_cost"]) for e in setup.engines}
     if setup.choice == "cache-aware":
         setup.victim = min(setup.engines, key=lambda e: setup.costs[e.url])
+    elif default_victim == "costliest":
+        setup.victim = max(setup.engines, key=lambda e: setup.costs[e.url])
     else:
         setup.victim = setup.engines[-1]  # the youngest
     setup.victim.stop()
@@ -251,6 +269,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             await asyncio.gather(*(e.wait_ready("/health") for e in setup.engines))
             await first_completion(setup.router.url, [setup.router], 90.0)
         after = window(args, args.warm_seconds, args.after_seconds)
+        reader = asyncio.create_task(keep_costs_fresh(setups))
         if args.join_seconds:
             for setup in setups:
                 await leave(setup)
@@ -265,7 +284,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             done = await asyncio.gather(*(replay(s, warm, args) for s in setups))
             replays = [[(warm, record)] for record in done]
         warmed = [[r for _, record in pairs for r in record.requests] for pairs in replays]
-        await asyncio.gather(*(remove_victim(s) for s in setups))
+        reader.cancel()  # each router's reading is now at most ~6 s old
+        await asyncio.gather(*(remove_victim(s, args.default_victim) for s in setups))
         before = await asyncio.gather(*(engine_counters(s.remaining()) for s in setups))
         records = await asyncio.gather(*(replay(s, after, args) for s in setups))
         finished = await asyncio.gather(*(engine_counters(s.remaining()) for s in setups))
@@ -279,6 +299,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 "warm_requests": len(w),
                 "warm_failed": sum(1 for r in w if not r.ok),
                 "costs": [round(setup.costs[u], 1) for u in order],  # in start order
+                "served_before": served_by(pairs[-1][1], order),
                 "victim": order.index(setup.victim.url),
             }
         return result
@@ -287,6 +308,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             setup.router.stop()
             for engine in setup.engines:
                 engine.stop()
+
+
+def served_by(record: BenchRecord, order: Sequence[str]) -> list[int]:
+    """Requests each engine (in start order) served in `record`: for the last window before the
+    removal, whether the youngest took a share (after --join-seconds, a newcomer's)."""
+    engines = [request.tags.get("decode-engine") for request in record.requests if request.ok]
+    return [engines.count(url) for url in order]
 
 
 def ratio(a: float | None, b: float | None) -> float:
@@ -299,7 +327,8 @@ def report(result: dict[str, Any], args: argparse.Namespace, load_text: str) -> 
         f" removed, measured [{args.warm_seconds:g}, {args.warm_seconds + args.after_seconds:g}) s;"
         f" arrivals x{args.load:g}, {args.blocks} KV blocks per engine, blocks of"
         f" {args.block_tokens} tokens, outputs <= {args.max_output_tokens} ({args.profile},"
-        f" speedup {args.speedup:g}); latencies in emulated ms"
+        f" speedup {args.speedup:g}); default victim: the {args.default_victim};"
+        " latencies in emulated ms"
     )
     print(
         f"    {'victim':<12} {'removed':>7} {'costs at removal (start order)':<34} {'lost':>5}"
@@ -315,6 +344,13 @@ def report(result: dict[str, Any], args: argparse.Namespace, load_text: str) -> 
             f" {row['ttft_p50'] or 0:8.0f} {row['ttft_p99'] or 0:6.0f} {row['tpot_p50'] or 0:8.1f}"
             f" {row['failed'] + row['warm_failed']:6d} {row['requests']:5d}"
         )
+    print(
+        "    requests each engine served in the last window before the removal (start order): "
+        + "; ".join(
+            f"{choice} {' '.join(str(n) for n in row['served_before'])}"
+            for choice, row in result.items()
+        )
+    )
     print(
         "    hit-rate bound of the after window for each engine removed, on each setup's own"
         " state (start order):"
@@ -368,6 +404,13 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         help="the youngest engine is down until this trace second (a scale-up before the"
         " scale-down); default: all engines serve from the start",
+    )
+    parser.add_argument(
+        "--default-victim",
+        choices=("youngest", "costliest"),
+        default="youngest",
+        help="the default setup's victim: the youngest engine, or the costliest (a uid pick"
+        " among engines of one age bucket)",
     )
     parser.add_argument("--load", type=float, default=2.0, help="arrivals: trace time / X")
     parser.add_argument("--engines", type=int, default=4)

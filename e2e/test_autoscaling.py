@@ -37,6 +37,7 @@ from e2e.conftest import ENGINE_EXTRA_ARGS
 from e2e.harness.cluster import ControlPlane
 from e2e.harness.kube import eventually
 from e2e.harness.podrunner import PodRunner, RunningPod
+from tandem.common.capacity import StepCost
 
 # The autoscaling suite's Prometheus and load helpers, and the process helpers they build on.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
@@ -341,6 +342,69 @@ def test_prometheus_unreachable_holds_the_pools_and_says_so(
         NAMESPACE, field_selector=f"involvedObject.name={NAME}"
     ).items
     assert "MetricsUnavailable" in {event.reason for event in events}
+
+
+def test_planner_mode_sizes_prefill_from_the_offered_load(
+    autoscaled: dict[str, Any],
+    api: k8s.ApiClient,
+    pod_runner: PodRunner,
+    prometheus: PrometheusProcess,
+) -> None:
+    """`mode: planner`, seeded with the engines' own profile: the prompt-heavy load grows the
+    prefill pool from its token rate, decode stays at min, and status shows the plan's inputs.
+
+    The seed is PROFILE's step, not the slowed profile the engines are given: they run that one
+    `speedup()` times faster, so in the wall-clock seconds of their metrics (which the planner
+    reads) they step at PROFILE's pace. Seeded 10x slower, the planner sizes decode for
+    1 / (0.15 + 0.015) s = 6.06 output tokens/s per engine (the ITL target below the step's base
+    cost): decode grows to 2 once the output rate passes 6.06 x 0.8 = 4.85 tokens/s, which this
+    load's 2 requests/s x 4 tokens reaches, so decode stayed at 1 only when prefill's growth was
+    seen first. Seeded right, one decode engine serves 500 tokens/s at the ITL target."""
+    custom = k8s.CustomObjectsApi(api)
+    step = yaml.safe_load(PROFILE.read_text())["step"]
+    seed = {StepCost.model_fields[key].alias: value for key, value in step.items()}
+    custom.patch_namespaced_custom_object(
+        GROUP, VERSION, NAMESPACE, PLURAL, NAME,
+        {"spec": {"autoscaling": {"prometheusURL": prometheus.url, "mode": "planner",
+                                  "planner": {"startupSeconds": 5, "step": seed}}}},
+    )  # fmt: skip
+
+    def planned(pool: str) -> dict[str, Any]:
+        body = custom.get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, NAME)
+        status = (body.get("status") or {}).get("autoscaling", {}).get(pool) or {}
+        return status if status.get("planner") else {}
+
+    eventually(lambda: planned("prefill"), timeout_s=60, what="a first plan in status")
+    [router] = [p for p in pod_runner.by_role("router", NAMESPACE) if p.child.alive()]
+    stop = asyncio.Event()
+    loop = asyncio.new_event_loop()
+    load_thread = threading.Thread(
+        target=lambda: loop.run_until_complete(
+            drive(f"http://{router.ip}:8000", MODEL, RATE_PER_S, 90, PROMPT_WORDS, 4,
+                  max_requests=400, timeout_s=120, stop=stop)
+        ),
+        name="planner-load",
+    )  # fmt: skip
+    load_thread.start()
+    try:
+        # Grown, on a plan whose window holds served prompts (the first growth may come from
+        # the standing queue alone, before any prompt finished in the window).
+        grown = eventually(
+            lambda: (s := planned("prefill")).get("replicas", 0) >= 2
+            and s["planner"]["demandTokensPerSecond"] > 0 and s,
+            timeout_s=90, what="the planner to grow prefill on the served load",
+        )  # fmt: skip
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        load_thread.join(timeout=150)
+        loop.close()
+    plan = grown["planner"]
+    assert "uncached prompt tokens/s" in grown["reason"]
+    # The seed is this profile: one engine prefills ~1 / 2.4 ms = ~416 tokens/s (the slowdown
+    # learned on a loaded machine may lower it).
+    assert 0 < plan["capacityTokensPerSecond"] <= 416 * 1.05
+    assert plan["promptTokensPerRequest"] >= PROMPT_WORDS
+    assert planned("decode").get("replicas") == 1
 
 
 def assert_growth_follows_own_signal(rows: list[dict[str, Any]]) -> None:

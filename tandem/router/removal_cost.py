@@ -74,7 +74,8 @@ class RemovalCostCache:
     """The last costs computed, served at once; a read of costs older than `max_age_s` starts a
     new computation off the event loop (the keys are copied on it, the arithmetic runs in a
     thread: a full index is millions of blocks and would stall requests for a second). So a
-    reading is at most `max_age_s` plus one computation old; the very first is computed in place.
+    reading is at most `max_age_s` plus one computation older than the read before it (reads
+    far apart get the costs as of the previous read); the very first is computed in place.
     """
 
     def __init__(

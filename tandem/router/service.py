@@ -341,7 +341,7 @@ class RouterService:
         return bool(self.config.admission.engine_wait_s or self.pool.candidates("decode"))
 
     def removal_costs(self) -> dict[str, float]:
-        """Each engine's removal cost (`removal_cost.py`), at most a few seconds old."""
+        """Each engine's removal cost (`removal_cost.py`), as of the read before (RemovalCostCache)."""
         return self._removal_costs.read()
 
     def _index_snapshot(self) -> Snapshot:
