@@ -201,10 +201,16 @@ class KvEventSubscriber:
         self._task = asyncio.create_task(self._run(), name=f"kv-events {self.endpoint}")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+        """Ends the subscription: cancelled until it is done (a cancellation can be lost where
+        it meets an answer, so one is not trusted to land)."""
+        task = self._task
+        if task is None:
+            return
+        while not task.done():
+            task.cancel()
+            await asyncio.wait({task}, timeout=1.0)
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            task.result()
 
     def _count(self, kind: str) -> None:
         if self.metrics is not None:
@@ -335,7 +341,10 @@ class KvEventSubscriber:
             expected: int | None = None  # once a batch of this round is applied: the next one
             while True:
                 try:
-                    frames = await asyncio.wait_for(dealer.recv_multipart(), self.replay_timeout_s)
+                    # not asyncio.wait_for: on Python 3.11 it can swallow a cancellation that
+                    # meets the answer, and stop() would then wait on a subscription forever
+                    async with asyncio.timeout(self.replay_timeout_s):
+                        frames = await dealer.recv_multipart()
                 except TimeoutError:
                     return False
                 if len(frames) < 4 or frames[2] == _END_SEQ:

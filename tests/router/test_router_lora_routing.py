@@ -171,7 +171,13 @@ def test_pd_serves_an_adapter_on_both_pools() -> None:
         ["--prefill", prefill.url, "--decode", decode.url, "--disaggregation", "always"]
     )
     with running(prefill, decode, router):
-        wait_until(lambda: "a1" in models(router.url), timeout=20)
+
+        def ready() -> bool:
+            engines = httpx.get(f"{router.url}/engines", timeout=5).json()
+            return all(e["healthy"] and "a1" in (e["adapters"] or {}) for e in engines)
+
+        # the router started beside the engines: both healthy again and read before P/D
+        wait_until(ready, timeout=20)
         answer = post(router, "a1", f"disaggregated with an adapter: {LONG}", 4)
         assert answer.status_code == 200, answer.text
         assert answer.json()["model"] == "a1"
