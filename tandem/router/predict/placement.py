@@ -108,6 +108,7 @@ class Candidate:
     engine: Engine
     ledger: EngineLedger
     own: Work
+    ahead: Work  # the work queued before it (`ahead_work`)
     through: Work  # the engine's prefill work until its first token (`through_first_token`)
     ttft_s: float
     stall_s: float
@@ -124,6 +125,7 @@ class PrefillPick:
     engine: Engine
     ledger: EngineLedger
     own: Work
+    ahead: Work
     through: Work
     ttft_s: float  # the prefill's part, without the handoff
 
@@ -205,7 +207,7 @@ def decode_candidate(engine: Engine, ledger: EngineLedger, inputs: PlacementInpu
     if kv_overflows(engine, ledger, context, prompt + output.p90):
         meet = 0.0
     return Candidate(
-        engine, ledger, own, through, ttft, stall, share, tpot, streams, context, meet,
+        engine, ledger, own, ahead, through, ttft, stall, share, tpot, streams, context, meet,
         ttft + output.median * tpot + streams * stall,
     )  # fmt: skip
 
@@ -260,9 +262,10 @@ def _pick(candidates: Sequence[Candidate], first_block_key: int | None) -> Candi
 
 def _prefill_pick(engine: Engine, ledger: EngineLedger, inputs: PlacementInputs) -> PrefillPick:
     own = own_work(engine, inputs)
-    through = through_first_token(ahead_work(engine, ledger, inputs), own, inputs.chunk_tokens)
+    ahead = ahead_work(engine, ledger, inputs)
+    through = through_first_token(ahead, own, inputs.chunk_tokens)
     return PrefillPick(
-        engine, ledger, own, through, ledger.costs.prefill_s(through.tokens, through.pairs)
+        engine, ledger, own, ahead, through, ledger.costs.prefill_s(through.tokens, through.pairs)
     )
 
 

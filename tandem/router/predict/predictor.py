@@ -29,7 +29,11 @@ its last, so it teaches only the P/D prefill model.
 
 from __future__ import annotations
 
+import json
+import logging
 import math
+import time
+from typing import Any
 
 from tandem.common.routing import PredictiveConfig
 from tandem.router.engines import Engine
@@ -39,6 +43,8 @@ from tandem.router.predict.ledger import ERROR_WEIGHT, EngineLedger
 from tandem.router.predict.output_length import LengthKeys, LengthPrediction, OutputLengthModel
 from tandem.router.predict.placement import Placement, stream_slack_s
 from tandem.router.predict.slo import SloTarget
+
+log = logging.getLogger(__name__)
 
 MEAN_WEIGHT = 0.02  # the running means of request sizes: a window of about 50 requests
 
@@ -117,6 +123,7 @@ class Ticket:
     __slots__ = (
         "_first_byte",
         "_first_engine",
+        "_placed_at",
         "_prefill_done",
         "_prefill_held",
         "_prefill_s",
@@ -163,6 +170,7 @@ class Ticket:
         self._first_engine: Engine | None = None
         self._upstream_start: float | None = None
         self._prefill_done: float | None = None
+        self._placed_at = time.perf_counter()
 
     def _release_queue(self) -> None:
         queued_on = self._queued_on
@@ -197,6 +205,8 @@ class Ticket:
     def finished(self, output_tokens: int | None, last_event: float | None) -> None:
         """The request is over (answered, failed or abandoned): everything held is given back, and
         what was observed teaches the models that predicted it."""
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("prediction %s", json.dumps(self.explain(output_tokens, last_event)))
         self._release_queue()
         self._learn_prefill()
         ledger = self._stream_on
@@ -207,6 +217,43 @@ class Ticket:
         self._learn_first_byte(ledger)
         if output_tokens is not None:
             self._learn_stream(ledger, output_tokens, last_event)
+
+    def explain(self, output_tokens: int | None, last_event: float | None) -> dict[str, Any]:
+        """The predicted TTFT split into its terms beside what was observed (ms; the debug log's
+        line per request): the work ahead and its own (tokens), the prefill and handoff parts,
+        and the observed wait from the plan to the first upstream request, upstream TTFT, P/D
+        prefill, handoff and TPOT. Observed figures missing from the request's path are None."""
+        placement = self.placement
+        decode, prefill = placement.decode, placement.prefill
+        part = prefill if prefill is not None else decode
+        first, start, done = self._first_byte, self._upstream_start, self._prefill_done
+        tpot = None
+        if first is not None and last_event is not None and output_tokens and output_tokens > 1:
+            tpot = (last_event - first) / (output_tokens - 1)
+
+        def ms(seconds: float | None) -> float | None:
+            return None if seconds is None else round(seconds * 1e3, 3)
+
+        return {
+            "route": "local" if prefill is None else "pd",
+            "decode": decode.engine.id,
+            "prefill": None if prefill is None else prefill.engine.id,
+            "prompt": self.prompt_tokens,
+            "own": part.own.tokens,
+            "ahead": part.ahead.tokens,
+            "through": part.through.tokens,
+            "streams": decode.streams,
+            "output": output_tokens,
+            "ttft_ms": ms(placement.ttft_s),
+            "prefill_ms": ms(part.ttft_s),
+            "handoff_ms": ms(placement.ttft_s - prefill.ttft_s) if prefill is not None else None,
+            "tpot_ms": ms(decode.tpot_s),
+            "wait_obs_ms": ms(None if start is None else start - self._placed_at),
+            "ttft_obs_ms": ms(None if first is None or start is None else first - start),
+            "prefill_obs_ms": ms(self._prefill_s),
+            "handoff_obs_ms": ms(None if first is None or done is None else first - done),
+            "tpot_obs_ms": ms(tpot),
+        }
 
     def _learn_prefill(self) -> None:
         prefill, seconds = self.placement.prefill, self._prefill_s
