@@ -26,7 +26,9 @@ from tandem.router.predict.output_length import (
 from tandem.router.predict.placement import (
     PlacementInputs,
     Work,
+    decode_candidate,
     due_for_probe,
+    handoff_wait_s,
     kv_overflows,
     place,
     retry_after_s,
@@ -74,6 +76,9 @@ def test_engine_costs_formulas_and_learning() -> None:
         (0.006, 0.024, 0.002), (0.007, 0.003), (0.006, 0.00002, 0.00003), forget=0.98
     )
     assert costs.prefill_s(2000, 2e6) == pytest.approx(0.006 + 0.048 + 0.004)
+    # 10,000 tokens are two chunks of at most 8,192: two steps, two fixed costs
+    assert costs.prefill_s(10000, 0.0) == pytest.approx(2 * 0.006 + 0.24)
+    assert costs.prefill_s(0, 0.0) == pytest.approx(0.006)  # all cached: still one step
     assert costs.prefill_compute_s(2000, 2e6) == pytest.approx(0.048 + 0.004)
     assert costs.handoff_s(1000) == pytest.approx(0.010)
     assert costs.step_s(10, 20000) == pytest.approx(0.006 + 0.0002 + 0.0006)
@@ -87,11 +92,10 @@ def test_engine_costs_formulas_and_learning() -> None:
     assert costs.prefill_s(16000, 1.28e8) == pytest.approx(slow(16000), rel=0.05)
 
 
-def test_work_through_the_first_token_fills_the_last_step_behind_a_queue() -> None:
+def test_work_through_the_first_token_is_the_work_ahead_and_its_own() -> None:
     own = Work(1000.0, 5e5)
-    assert through_first_token(Work(0.0, 0.0), own, 8192) == own  # an idle engine: its own
-    assert through_first_token(Work(3000.0, 4e6), own, 8192) == Work(8192.0, 4.5e6)
-    assert through_first_token(Work(8000.0, 0.0), own, 8192) == Work(16384.0, 5e5)
+    assert through_first_token(Work(0.0, 0.0), own) == own  # an idle engine: its own
+    assert through_first_token(Work(3000.0, 4e6), own) == Work(4000.0, 4.5e6)
 
 
 def test_prefill_share_is_a_decayed_rate() -> None:
@@ -222,7 +226,6 @@ def inputs_for(
         mean_uncached_pairs=1e6,
         mean_stream_tokens=1000.0,
         now=100.0,
-        chunk_tokens=8192,
     )
 
 
@@ -238,12 +241,26 @@ def test_local_when_both_meet() -> None:
 def test_pd_when_local_misses_its_ttft_and_pd_meets() -> None:
     _, ledger_of = ledger_table()
     d, p = engine("d", "decode"), engine("p", "prefill")
-    ledger_of(d).queued_tokens = 8000  # the decode engine has 8k tokens of prefill ahead
+    ledger_of(d).queued_tokens = 6000  # the decode engine has 6k tokens of prefill ahead
     placement = place([d], [p], ledger_of, inputs_for(2000), "auto")
-    assert placement.prefill is not None
+    assert placement.prefill is not None  # local: 205 ms
     assert placement.prefill.engine is p
     assert placement.prefill_ranking == [p]
-    assert placement.ttft_s == pytest.approx(0.055 + 0.005 + 0.006)
+    # the handed-off request waits for d's 155 ms of prefill work, 55 ms of it during its own
+    # prefill on p, then the 6 ms handoff
+    assert placement.handoff_wait_s == pytest.approx(0.155 - 0.055)
+    assert placement.ttft_s == pytest.approx(0.155 + 0.005 + 0.006)
+
+
+def test_handoff_waits_for_the_decode_engines_prefill_work_beyond_its_own_prefill() -> None:
+    _, ledger_of = ledger_table()
+    d = engine("d", "decode")
+    candidate = decode_candidate(d, ledger_of(d), inputs_for(2000))
+    assert handoff_wait_s(candidate, 0.1) == 0.0  # nothing ahead on d
+    ledger_of(d).queued_tokens = 8000  # 205 ms of prefill work ahead on d
+    candidate = decode_candidate(d, ledger_of(d), inputs_for(2000))
+    assert handoff_wait_s(candidate, 0.1) == pytest.approx(0.105)
+    assert handoff_wait_s(candidate, 0.3) == 0.0  # done before the prefill elsewhere ends
 
 
 def test_prefill_pool_behind_is_a_predicted_wait_and_keeps_it_local() -> None:
@@ -289,7 +306,7 @@ def test_pd_when_local_prefill_would_take_a_stream_past_its_tpot_target() -> Non
     for _ in range(4):  # four streams of 11 tokens at a 7 ms target on a 6 ms step: 10 ms slack
         ledger.add_stream(1000, 11, stream_slack_s(11, 0.007, 0.006))
     d.in_flight = 4
-    ledger_of(p).queued_tokens = 1000  # P/D: a step of 8,192 tokens + 5.5 ms handoff = 215 ms
+    ledger_of(p).queued_tokens = 8032  # P/D: 8,192 tokens + 5.5 ms handoff = 215 ms
     # a 160-token prefill stalls them 4 ms: within their slack, local (9 + 4 · 4 ms in all)
     placement = place([d], [p], ledger_of, inputs_for(160, ttft_ms=1000), "auto")
     assert placement.prefill is None
@@ -343,7 +360,7 @@ def test_a_probed_decode_candidate_is_picked_and_not_shed() -> None:
 def test_interference_budget_sends_prefills_to_the_pool_unless_only_local_meets() -> None:
     _, ledger_of = ledger_table()
     d, p = engine("d", "decode"), engine("p", "prefill")
-    ledger_of(p).queued_tokens = 4000  # P/D: one full step of 8,192 tokens, 0.011 s handoff
+    ledger_of(p).queued_tokens = 6192  # P/D: 8,192 tokens, 0.011 s handoff
     placement = place([d], [p], ledger_of, inputs_for(2000, ttft_ms=300), "auto")
     assert placement.prefill is None  # local is faster and within budget (share 0 + 0.05)
     ledger_of(d).add_prefill(100.0, 0.28)  # the decode engine already spends 28% prefilling
@@ -362,7 +379,7 @@ def test_interference_budget_sends_prefills_to_the_pool_unless_only_local_meets(
 def test_local_costs_the_delay_it_adds_to_running_streams() -> None:
     _, ledger_of = ledger_table()
     d, p = engine("d", "decode"), engine("p", "prefill")
-    ledger_of(p).queued_tokens = 1000  # P/D: a step of 8,192 tokens + 11 ms handoff = 221 ms
+    ledger_of(p).queued_tokens = 6192  # P/D: 8,192 tokens + 11 ms handoff = 221 ms
     assert place([d], [p], ledger_of, inputs_for(2000), "auto").prefill is None  # 55 ms local
     d.in_flight = 4  # four streams would wait 50 ms each: 55 + 200 ms > 221 ms
     assert place([d], [p], ledger_of, inputs_for(2000), "auto").prefill is not None

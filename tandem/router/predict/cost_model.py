@@ -3,10 +3,13 @@
 Each is a linear model y = θ·x fitted by recursive least squares with forgetting (`OnlineLinear`),
 seeded by a prior (the timing profile's figures, `PredictionConfig`):
 
-    prefill seconds  = θ0 + θ1 · tokens / 1000 + θ2 · pairs / 10⁶
+    prefill seconds  = θ0 · steps + θ1 · tokens / 1000 + θ2 · pairs / 10⁶
                        (tokens: the uncached tokens ahead plus its own; pairs: their attention
                        pairs, Σ u · (c + u / 2) over the requests of u uncached tokens after c
-                       cached ones: the quadratic part of a long prompt's prefill)
+                       cached ones: the quadratic part of a long prompt's prefill; steps =
+                       max(⌈tokens / C⌉, 1), the forward passes chunked prefill splits them
+                       into at a token budget of C per step, each with its fixed cost and the
+                       decode of the streams running beside it)
     handoff seconds  = θ0 + θ1 · prompt tokens / 1000       (KV pull + the decode engine's first step)
     decode step      = θ0 + θ1 · streams + θ2 · context tokens / 1000
 
@@ -16,6 +19,7 @@ one order; every coefficient is kept non-negative (a cost never falls with more 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 
@@ -93,7 +97,7 @@ def prior_variance(scales: Sequence[float]) -> list[float]:
 class EngineCosts:
     """One engine's three models (module docstring), with the formulas that read them."""
 
-    __slots__ = ("handoff", "prefill", "step")
+    __slots__ = ("chunk_tokens", "handoff", "prefill", "step")
 
     def __init__(
         self,
@@ -101,16 +105,22 @@ class EngineCosts:
         handoff: tuple[float, float],
         step: tuple[float, float, float],
         forget: float,
+        chunk_tokens: int = 8192,
     ) -> None:
+        self.chunk_tokens = chunk_tokens
         self.prefill = OnlineLinear(prefill, prior_variance(_PREFILL_SCALE), forget)
         self.handoff = OnlineLinear(handoff, prior_variance(_HANDOFF_SCALE), forget)
         self.step = OnlineLinear(step, prior_variance(_STEP_SCALE), forget)
 
+    def steps(self, tokens: float) -> float:
+        """max(⌈tokens / C⌉, 1): the engine steps a prefill of `tokens` takes."""
+        return max(math.ceil(tokens / self.chunk_tokens), 1)
+
     def prefill_s(self, tokens: float, pairs: float) -> float:
-        """θ0 + θ1 · tokens / 1000 + θ2 · pairs / 10⁶: a prefill of `tokens` with `pairs`
-        attention pairs (the work ahead included)."""
+        """θ0 · steps + θ1 · tokens / 1000 + θ2 · pairs / 10⁶: a prefill of `tokens` with
+        `pairs` attention pairs (the work ahead included)."""
         theta = self.prefill.theta
-        return theta[0] + theta[1] * tokens * 1e-3 + theta[2] * pairs * 1e-6
+        return theta[0] * self.steps(tokens) + theta[1] * tokens * 1e-3 + theta[2] * pairs * 1e-6
 
     def prefill_compute_s(self, tokens: float, pairs: float) -> float:
         """θ1 · tokens / 1000 + θ2 · pairs / 10⁶: the engine time a prefill's tokens take, what a
@@ -129,7 +139,7 @@ class EngineCosts:
         return theta[0] + theta[1] * streams + theta[2] * context_tokens * 1e-3
 
     def observe_prefill(self, tokens: float, pairs: float, seconds: float) -> None:
-        self.prefill.update((1.0, tokens * 1e-3, pairs * 1e-6), seconds)
+        self.prefill.update((self.steps(tokens), tokens * 1e-3, pairs * 1e-6), seconds)
 
     def observe_handoff(self, prompt_tokens: float, seconds: float) -> None:
         self.handoff.update((1.0, prompt_tokens * 1e-3), seconds)

@@ -12,16 +12,19 @@ its targets (T_ttft, T_tpot, `slo.py`) and block size B, with each engine's lear
     context(d)   = stream_tokens(d) + max(streams(d) - own streams(d), 0) · mean stream tokens
     share(d)     = the ledger's prefill share of d's time at t
 
-    through(e)   = own work with nothing ahead; else ahead(e) + own work, its tokens rounded up to
-                   whole steps of `prefillChunkTokens` (the step that completes the prompt is
-                   filled to the batch budget by the requests queued behind it)
+    through(e)   = ahead(e) + own work: the engine's prefill is work-conserving (chunked
+                   prefill fills each step's token budget from the running requests, then the
+                   waiting ones in arrival order), so the request's first token comes when the
+                   work ahead of it and its own are done
 
   local on decode engine d:
     TTFT  = prefill_s_d(through(d))
     stall = prefill_compute_s_d(own work)  (what each stream decoding on d waits for it)
     TPOT  = step_s_d(streams(d) + 1, context(d) + P + L / 2) / (1 - min(share(d), 0.9))
   prefill engine p, then decode engine d:
-    TTFT  = prefill_s_p(through(p)) + handoff_s_d(P)
+    wait  = max(prefill_s_d(ahead(d)) - prefill_s_p(through(p)), 0)    (0 when ahead(d) is empty:
+            the pulled request joins d's waiting queue behind the prefill work already there)
+    TTFT  = prefill_s_p(through(p)) + wait + handoff_s_d(P)
     TPOT  = as local on d
 
   P(meet)  = Φ(ln(T_ttft / TTFT) / sigma_ttft) · Φ(ln(T_tpot / TPOT) / sigma_tpot)    (0 when d's KV is
@@ -88,7 +91,6 @@ class PlacementInputs:
     mean_uncached_pairs: float
     mean_stream_tokens: float
     now: float  # monotonic seconds, the clock of the ledgers' prefill shares
-    chunk_tokens: int  # the engines' max_num_batched_tokens
     first_block_key: int | None = None
     reprobe_s: float = 0.0  # an idle engine sent nothing for this long is tried (0: never)
 
@@ -135,6 +137,7 @@ class Placement:
     decode: Candidate
     prefill: PrefillPick | None  # set when disaggregated
     ttft_s: float  # of the chosen route
+    handoff_wait_s: float  # P/D: the predicted wait behind the decode engine's prefill work
     meet: float  # P(meet both) of the chosen route
     shed: bool
     ranking: list[Engine]  # decode engines, the chosen first
@@ -172,15 +175,20 @@ def own_work(engine: Engine, inputs: PlacementInputs) -> Work:
     return Work(float(uncached), uncached * (prompt - uncached * 0.5))
 
 
-def through_first_token(ahead: Work, own: Work, chunk_tokens: int) -> Work:
-    """The work an engine computes before the request's first token: with nothing ahead, its own;
-    behind a queue, ahead + own rounded up to whole steps of `chunk_tokens`, since the step that
-    completes the prompt is filled to the batch budget by the requests queued after it (the first
-    token comes at the end of that step)."""
-    tokens = ahead.tokens + own.tokens
+def through_first_token(ahead: Work, own: Work) -> Work:
+    """The work an engine computes before the request's first token: ahead + own (module
+    docstring: the engine's prefill is work-conserving)."""
+    return Work(ahead.tokens + own.tokens, ahead.pairs + own.pairs)
+
+
+def handoff_wait_s(decode: Candidate, prefill_s: float) -> float:
+    """max(prefill_s_d(ahead(d)) - prefill_s, 0): how long a request whose prefill elsewhere takes
+    `prefill_s` waits on decode engine d for the prefill work queued there before it (0 with
+    none)."""
+    ahead = decode.ahead
     if ahead.tokens <= 0.0:
-        return Work(tokens, ahead.pairs + own.pairs)
-    return Work(math.ceil(tokens / chunk_tokens) * chunk_tokens, ahead.pairs + own.pairs)
+        return 0.0
+    return max(decode.ledger.costs.prefill_s(ahead.tokens, ahead.pairs) - prefill_s, 0.0)
 
 
 def decode_candidate(engine: Engine, ledger: EngineLedger, inputs: PlacementInputs) -> Candidate:
@@ -193,7 +201,7 @@ def decode_candidate(engine: Engine, ledger: EngineLedger, inputs: PlacementInpu
     foreign = streams - ledger.streams
     context = ledger.stream_tokens + (foreign * inputs.mean_stream_tokens if foreign > 0 else 0.0)
     output = inputs.output
-    through = through_first_token(ahead, own, inputs.chunk_tokens)
+    through = through_first_token(ahead, own)
     ttft = costs.prefill_s(through.tokens, through.pairs)
     stall = costs.prefill_compute_s(own.tokens, own.pairs)
     share = ledger.prefill_share(inputs.now)
@@ -263,7 +271,7 @@ def _pick(candidates: Sequence[Candidate], first_block_key: int | None) -> Candi
 def _prefill_pick(engine: Engine, ledger: EngineLedger, inputs: PlacementInputs) -> PrefillPick:
     own = own_work(engine, inputs)
     ahead = ahead_work(engine, ledger, inputs)
-    through = through_first_token(ahead, own, inputs.chunk_tokens)
+    through = through_first_token(ahead, own)
     return PrefillPick(
         engine, ledger, own, ahead, through, ledger.costs.prefill_s(through.tokens, through.pairs)
     )
@@ -311,14 +319,15 @@ def place(
     local = probed or _pick(candidates, inputs.first_block_key)
     target = inputs.target
     q = inputs.meet_threshold
-    chosen, prefill, ttft, meet = local, None, local.ttft_s, local.meet
+    chosen, prefill, ttft, meet, wait = local, None, local.ttft_s, local.meet, 0.0
     probe = False
     separate = [c for c in candidates if not c.engine.colocated]
     if prefillers and separate and disaggregation != "never" and not local.engine.colocated:
         pick, probe = _best_prefill(prefillers, ledger_of, inputs)
         decode = min(separate, key=lambda c: c.tpot_s)
         ledger = decode.ledger
-        pd_ttft = pick.ttft_s + ledger.costs.handoff_s(inputs.prompt_tokens)
+        pd_wait = handoff_wait_s(decode, pick.ttft_s)
+        pd_ttft = pick.ttft_s + pd_wait + ledger.costs.handoff_s(inputs.prompt_tokens)
         pd_ttft_meet = meet_probability(pd_ttft, target.ttft_s, ledger.ttft_sigma())
         if (
             disaggregation == "always"
@@ -327,10 +336,12 @@ def place(
         ):
             tpot_meet = meet_probability(decode.tpot_s, target.tpot_s, ledger.tpot_sigma())
             chosen, prefill, ttft, meet = decode, pick, pd_ttft, pd_ttft_meet * tpot_meet
+            wait = pd_wait
     return Placement(
         chosen,
         prefill,
         ttft,
+        wait,
         meet,
         target.sheddable and meet < q and probed is None and not probe,
         _first(chosen.engine, decoders),

@@ -12,7 +12,9 @@ has left, each observation goes to the model that predicted it:
                                max(L - 1, 1) · (T_tpot - step_s(own streams + 1, their tokens))
     P/D prefill answered    -> prefill model of the prefill engine: (through work, prefill s)
     first byte, local       -> prefill model of the decode engine: (through work, upstream s)
-    first byte, P/D         -> handoff model of the decode engine: (prompt tokens, handoff s)
+    first byte, P/D         -> handoff model of the decode engine: (prompt tokens, handoff s),
+                               unless a wait behind its prefill work was predicted (that wait
+                               is the prefill model's)
     end of a stream         -> step model of the decode engine: (streams + 1, context, TPOT), with
                                TPOT = (last event - first byte) / (output events - 1)
                             -> output-length model: the stream's output events
@@ -76,8 +78,13 @@ class Predictor:
     def ledger(self, engine: Engine) -> EngineLedger:
         ledger = self.ledgers.get(engine.id)
         if ledger is None:
+            config = self.config
             costs = EngineCosts(
-                self._prefill_seed, self._handoff_seed, self._step_seed, self.config.forget
+                self._prefill_seed,
+                self._handoff_seed,
+                self._step_seed,
+                config.forget,
+                config.prefill_chunk_tokens,
             )
             ledger = self.ledgers[engine.id] = EngineLedger(
                 costs, self.config.interference_window_seconds
@@ -220,7 +227,8 @@ class Ticket:
 
     def explain(self, output_tokens: int | None, last_event: float | None) -> dict[str, Any]:
         """The predicted TTFT split into its terms beside what was observed (ms; the debug log's
-        line per request): the work ahead and its own (tokens), the prefill and handoff parts,
+        line per request): the work ahead and its own (tokens), the prefill part, the wait on
+        the decode engine and the handoff after a P/D prefill,
         and the observed wait from the plan to the first upstream request, upstream TTFT, P/D
         prefill, handoff and TPOT. Observed figures missing from the request's path are None."""
         placement = self.placement
@@ -246,7 +254,11 @@ class Ticket:
             "output": output_tokens,
             "ttft_ms": ms(placement.ttft_s),
             "prefill_ms": ms(part.ttft_s),
-            "handoff_ms": ms(placement.ttft_s - prefill.ttft_s) if prefill is not None else None,
+            "decode_ahead": decode.ahead.tokens,
+            "wait_ms": ms(placement.handoff_wait_s),
+            "handoff_ms": None
+            if prefill is None
+            else ms(placement.ttft_s - prefill.ttft_s - placement.handoff_wait_s),
             "tpot_ms": ms(decode.tpot_s),
             "wait_obs_ms": ms(None if start is None else start - self._placed_at),
             "ttft_obs_ms": ms(None if first is None or start is None else first - start),
@@ -276,7 +288,7 @@ class Ticket:
         if placement.prefill is None:
             through = placement.decode.through
             ledger.costs.observe_prefill(through.tokens, through.pairs, observed)
-        elif self._prefill_done is not None:
+        elif self._prefill_done is not None and placement.handoff_wait_s <= 0.0:
             ledger.costs.observe_handoff(self.prompt_tokens, first - self._prefill_done)
         squared = self.predictor.observe_error("ttft", placement.ttft_s, observed)
         ledger.ttft_squared_log_error += ERROR_WEIGHT * (squared - ledger.ttft_squared_log_error)
