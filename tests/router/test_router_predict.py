@@ -83,13 +83,22 @@ def test_engine_costs_formulas_and_learning() -> None:
     assert costs.handoff_s(1000) == pytest.approx(0.010)
     assert costs.step_s(10, 20000) == pytest.approx(0.006 + 0.0002 + 0.0006)
 
-    def slow(tokens: float) -> float:  # an engine four times slower than the seed, both terms
-        return 0.006 + 4 * (2.4e-5 * tokens + 2e-9 * tokens * tokens / 2)
+    def slow(tokens: float) -> float:  # 20 ms of overhead and a pace four times slower
+        return 0.02 + 4 * (0.006 * math.ceil(tokens / 8192) + 2.4e-5 * tokens + 1e-9 * tokens**2)
 
-    for tokens in (500, 1000, 2000, 4000, 8000) * 20:
+    for tokens in (100, 500, 1000, 2000, 4000, 8000) * 20:
         costs.observe_prefill(tokens, tokens * tokens / 2, slow(tokens))
-    assert costs.prefill_s(3000, 4.5e6) == pytest.approx(slow(3000), rel=0.05)
-    assert costs.prefill_s(16000, 1.28e8) == pytest.approx(slow(16000), rel=0.05)
+    assert costs.prefill.theta == pytest.approx([0.02, 4.0], rel=0.1)
+    assert costs.prefill_s(3000, 4.5e6) == pytest.approx(slow(3000), rel=0.02)
+    assert costs.prefill_s(16000, 1.28e8) == pytest.approx(slow(16000), rel=0.02)
+    assert costs.prefill_compute_s(2000, 2e6) == pytest.approx(4 * (0.048 + 0.004), rel=0.05)
+
+
+def test_a_burst_of_odd_samples_moves_the_costs_by_a_bounded_factor() -> None:
+    costs = EngineCosts((0.006, 0.024, 0.002), (0.007, 0.003), (0.006, 0.0, 0.0), forget=0.98)
+    for _ in range(5):  # a short prompt stuck behind a stalled engine: ten times its cost
+        costs.observe_prefill(200, 2e4, 10 * costs.prefill_s(200, 2e4))
+    assert 1.0 < costs.prefill_s(16000, 1.28e8) / (0.012 + 0.384 + 0.256) < 10.0
 
 
 def test_work_through_the_first_token_is_the_work_ahead_and_its_own() -> None:
@@ -324,7 +333,7 @@ def test_pd_when_local_prefill_would_take_a_stream_past_its_tpot_target() -> Non
 def test_an_idle_engine_sent_nothing_for_a_while_is_probed() -> None:
     _, ledger_of = ledger_table()
     d, p = engine("d", "decode"), engine("p", "prefill")
-    ledger_of(p).costs.prefill.theta = [1.0, 1.0, 0.0]  # judged slow: a 1 s prefill at least
+    ledger_of(p).costs.prefill.theta = [1.0, 1.0]  # judged slow: a 1 s prefill at least
     inputs = inputs_for(2000, ttft_ms=500)
     assert place([d], [p], ledger_of, inputs, "auto").prefill is None
     probing = replace(inputs, reprobe_s=2.0)
@@ -346,7 +355,7 @@ def test_an_idle_engine_sent_nothing_for_a_while_is_probed() -> None:
 def test_a_probed_decode_candidate_is_picked_and_not_shed() -> None:
     _, ledger_of = ledger_table()
     a, b = engine("a", "both"), engine("b", "both")
-    ledger_of(b).costs.prefill.theta = [5.0, 1.0, 0.0]  # b judged very slow
+    ledger_of(b).costs.prefill.theta = [5.0, 1.0]  # b judged very slow
     ledger_of(a).last_placed, ledger_of(b).last_placed = 99.5, 90.0
     inputs = replace(inputs_for(2000, sheddable=True), reprobe_s=2.0)
     placement = place([a, b], [], ledger_of, inputs, "auto")

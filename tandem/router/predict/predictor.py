@@ -15,8 +15,10 @@ has left, each observation goes to the model that predicted it:
     first byte, P/D         -> handoff model of the decode engine: (prompt tokens, handoff s),
                                unless a wait behind its prefill work was predicted (that wait
                                is the prefill model's)
-    end of a stream         -> step model of the decode engine: (streams + 1, context, TPOT), with
-                               TPOT = (last event - first byte) / (output events - 1)
+    end of a stream         -> step model of the decode engine: (streams + 1, context + its
+                               tokens, TPOT · (1 - min(share, 0.9))), with TPOT = (last event -
+                               first byte) / (output events - 1) and share the prefill share its
+                               prediction was slowed by (the step itself, as the model predicts it)
                             -> output-length model: the stream's output events
     every TTFT and TPOT     -> sigma² ← sigma² + 0.05 · (ln(observed / predicted)² - sigma²) of its engine,
                                and |observed - predicted| / observed into
@@ -43,7 +45,7 @@ from tandem.router.metrics import RouterMetrics
 from tandem.router.predict.cost_model import EngineCosts
 from tandem.router.predict.ledger import ERROR_WEIGHT, EngineLedger
 from tandem.router.predict.output_length import LengthKeys, LengthPrediction, OutputLengthModel
-from tandem.router.predict.placement import Placement, stream_slack_s
+from tandem.router.predict.placement import MAX_SHARE, Placement, stream_slack_s
 from tandem.router.predict.slo import SloTarget
 
 log = logging.getLogger(__name__)
@@ -310,7 +312,11 @@ class Ticket:
         tpot = (last_event - first) / (output_tokens - 1)
         decode = self.placement.decode
         if ledger is decode.ledger:
-            ledger.costs.observe_step(decode.streams + 1, decode.context + self.prompt_tokens, tpot)
+            # the step the prediction divided by (1 - share): the sample without that slowdown
+            step = tpot * (1.0 - min(decode.share, MAX_SHARE))
+            ledger.costs.observe_step(
+                decode.streams + 1, decode.context + self._stream_tokens, step
+            )
             squared = predictor.observe_error("tpot", decode.tpot_s, tpot)
             ledger.tpot_squared_log_error += ERROR_WEIGHT * (
                 squared - ledger.tpot_squared_log_error
