@@ -5,9 +5,10 @@ its targets (T_ttft, T_tpot, `slo.py`) and block size B, with each engine's lear
 (`cost_model.py`) and this router's record of its open work (`ledger.py`) at time t:
 
     uncached(e)  = u = max(P - hit_blocks(e) · B, 0),  its pairs(e) = u · (P - u + u / 2)
-    ahead(e)     = queued tokens and pairs(e) + max(waiting(e) - pending_at_scrape(e), 0) · the
-                   mean uncached tokens and pairs (this router's unfinished prefill work there, plus
-                   the engine's queue of other routers' requests at the mean size)
+    backlog(e)   = the predicted engine time left of this router's unfinished prefill work there
+                   (`ledger.py`: max(busy_until - t, 0))
+    ahead(e)     = max(waiting(e) - pending_at_scrape(e), 0) · the mean uncached tokens and pairs
+                   (the engine's queue of other routers' requests at the mean size)
     streams(d)   = `Engine.streams()` (the router's live count, or the engine's scraped one)
     context(d)   = stream_tokens(d) + max(streams(d) - own streams(d), 0) · mean stream tokens
     share(d)     = the ledger's prefill share of d's time at t
@@ -18,13 +19,14 @@ its targets (T_ttft, T_tpot, `slo.py`) and block size B, with each engine's lear
                    work ahead of it and its own are done
 
   local on decode engine d:
-    TTFT  = prefill_s_d(through(d))
+    TTFT  = backlog(d) + prefill_s_d(through(d))
     stall = prefill_compute_s_d(own work)  (what each stream decoding on d waits for it)
     TPOT  = step_s_d(streams(d) + 1, context(d) + P + L / 2) / (1 - min(share(d), 0.9))
   prefill engine p, then decode engine d:
-    wait  = max(prefill_s_d(ahead(d)) - prefill_s_p(through(p)), 0)    (0 when ahead(d) is empty:
-            the pulled request joins d's waiting queue behind the prefill work already there)
-    TTFT  = prefill_s_p(through(p)) + wait + handoff_s_d(P)
+    wait  = max(busy(d) - TTFT_p, 0), TTFT_p = backlog(p) + prefill_s_p(through(p)),
+            busy(d) = backlog(d) + prefill_s_d(ahead(d)) (0 without either): the pulled request
+            joins d's waiting queue behind the prefill work already there
+    TTFT  = TTFT_p + wait + handoff_s_d(P)
     TPOT  = as local on d
 
   P(meet)  = Φ(ln(T_ttft / TTFT) / sigma_ttft) · Φ(ln(T_tpot / TPOT) / sigma_tpot)    (0 when d's KV is
@@ -110,7 +112,8 @@ class Candidate:
     engine: Engine
     ledger: EngineLedger
     own: Work
-    ahead: Work  # the work queued before it (`ahead_work`)
+    backlog_s: float  # this router's prefill work left there, in predicted seconds
+    ahead: Work  # other routers' work queued before it (`ahead_work`)
     through: Work  # the engine's prefill work until its first token (`through_first_token`)
     ttft_s: float
     stall_s: float
@@ -127,6 +130,7 @@ class PrefillPick:
     engine: Engine
     ledger: EngineLedger
     own: Work
+    backlog_s: float
     ahead: Work
     through: Work
     ttft_s: float  # the prefill's part, without the handoff
@@ -154,15 +158,12 @@ class Placement:
         return self.prefill.own if self.prefill else self.decode.own
 
 
-def ahead_work(engine: Engine, ledger: EngineLedger, inputs: PlacementInputs) -> Work:
+def ahead_work(engine: Engine, inputs: PlacementInputs) -> Work:
     """ahead(e) (module docstring)."""
     others = engine.waiting - engine.pending_at_scrape
     if others <= 0:
-        return Work(ledger.queued_tokens, ledger.queued_pairs)
-    return Work(
-        ledger.queued_tokens + others * inputs.mean_uncached_tokens,
-        ledger.queued_pairs + others * inputs.mean_uncached_pairs,
-    )
+        return Work(0.0, 0.0)
+    return Work(others * inputs.mean_uncached_tokens, others * inputs.mean_uncached_pairs)
 
 
 def own_work(engine: Engine, inputs: PlacementInputs) -> Work:
@@ -182,13 +183,13 @@ def through_first_token(ahead: Work, own: Work) -> Work:
 
 
 def handoff_wait_s(decode: Candidate, prefill_s: float) -> float:
-    """max(prefill_s_d(ahead(d)) - prefill_s, 0): how long a request whose prefill elsewhere takes
-    `prefill_s` waits on decode engine d for the prefill work queued there before it (0 with
-    none)."""
+    """max(busy(d) - prefill_s, 0): how long a request whose prefill elsewhere takes `prefill_s`
+    waits on decode engine d for the prefill work there before it (module docstring)."""
     ahead = decode.ahead
-    if ahead.tokens <= 0.0:
-        return 0.0
-    return max(decode.ledger.costs.prefill_s(ahead.tokens, ahead.pairs) - prefill_s, 0.0)
+    busy = decode.backlog_s
+    if ahead.tokens > 0.0:
+        busy += decode.ledger.costs.prefill_s(ahead.tokens, ahead.pairs)
+    return max(busy - prefill_s, 0.0)
 
 
 def decode_candidate(engine: Engine, ledger: EngineLedger, inputs: PlacementInputs) -> Candidate:
@@ -196,13 +197,14 @@ def decode_candidate(engine: Engine, ledger: EngineLedger, inputs: PlacementInpu
     costs = ledger.costs
     prompt = inputs.prompt_tokens
     own = own_work(engine, inputs)
-    ahead = ahead_work(engine, ledger, inputs)
+    ahead = ahead_work(engine, inputs)
+    backlog = ledger.backlog_s(inputs.now)
     streams = engine.streams()
     foreign = streams - ledger.streams
     context = ledger.stream_tokens + (foreign * inputs.mean_stream_tokens if foreign > 0 else 0.0)
     output = inputs.output
     through = through_first_token(ahead, own)
-    ttft = costs.prefill_s(through.tokens, through.pairs)
+    ttft = backlog + costs.prefill_s(through.tokens, through.pairs)
     stall = costs.prefill_compute_s(own.tokens, own.pairs)
     share = ledger.prefill_share(inputs.now)
     tpot = slowed_by_prefills(
@@ -215,7 +217,8 @@ def decode_candidate(engine: Engine, ledger: EngineLedger, inputs: PlacementInpu
     if kv_overflows(engine, ledger, context, prompt + output.p90):
         meet = 0.0
     return Candidate(
-        engine, ledger, own, ahead, through, ttft, stall, share, tpot, streams, context, meet,
+        engine, ledger, own, backlog, ahead, through, ttft, stall, share, tpot, streams, context,
+        meet,
         ttft + output.median * tpot + streams * stall,
     )  # fmt: skip
 
@@ -270,11 +273,11 @@ def _pick(candidates: Sequence[Candidate], first_block_key: int | None) -> Candi
 
 def _prefill_pick(engine: Engine, ledger: EngineLedger, inputs: PlacementInputs) -> PrefillPick:
     own = own_work(engine, inputs)
-    ahead = ahead_work(engine, ledger, inputs)
+    ahead = ahead_work(engine, inputs)
+    backlog = ledger.backlog_s(inputs.now)
     through = through_first_token(ahead, own)
-    return PrefillPick(
-        engine, ledger, own, ahead, through, ledger.costs.prefill_s(through.tokens, through.pairs)
-    )
+    ttft = backlog + ledger.costs.prefill_s(through.tokens, through.pairs)
+    return PrefillPick(engine, ledger, own, backlog, ahead, through, ttft)
 
 
 def _best_prefill(

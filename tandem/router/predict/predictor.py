@@ -10,8 +10,10 @@ has left, each observation goes to the model that predicted it:
                                predicted stall
     first byte              -> a stream on the decode engine, with slack
                                max(L - 1, 1) · (T_tpot - step_s(own streams + 1, their tokens))
-    P/D prefill answered    -> prefill model of the prefill engine: (through work, prefill s)
-    first byte, local       -> prefill model of the decode engine: (through work, upstream s)
+    P/D prefill answered    -> prefill model of the prefill engine: (own work, prefill s)
+    first byte, local       -> prefill model of the decode engine: (own work, upstream s)
+                               (both only when no work was predicted ahead of it: a sample of
+                               the engine's pace, not of how a queue drained)
     first byte, P/D         -> handoff model of the decode engine: (prompt tokens, handoff s),
                                unless a wait behind its prefill work was predicted (that wait
                                is the prefill model's)
@@ -112,7 +114,7 @@ class Predictor:
         placement.decode.ledger.last_placed = placement.prefill_ledger.last_placed = now
         if placement.prefill is None:
             placement.decode.ledger.add_prefill(now, placement.decode.stall_s)
-        return Ticket(self, placement, prompt_tokens, output, keys, target, streaming)
+        return Ticket(self, placement, prompt_tokens, output, keys, target, streaming, now)
 
     def observe_error(self, quantity: str, predicted: float, observed: float) -> float:
         """Records |observed - predicted| / observed; returns ln(observed / predicted)²."""
@@ -159,6 +161,7 @@ class Ticket:
         keys: LengthKeys,
         target: SloTarget,
         streaming: bool,
+        now: float,
     ) -> None:
         self.predictor = predictor
         self.placement = placement
@@ -167,10 +170,11 @@ class Ticket:
         self.keys = keys
         self.target = target
         self.streaming = streaming
-        self._queued_on: EngineLedger | None = placement.prefill_ledger
-        self._prefill_held = placement.prefill_work
-        self._queued_on.queued_tokens += self._prefill_held.tokens
-        self._queued_on.queued_pairs += self._prefill_held.pairs
+        queued_on = placement.prefill_ledger
+        self._queued_on: EngineLedger | None = queued_on
+        held = self._prefill_held = placement.prefill_work
+        compute = queued_on.costs.prefill_compute_s(held.tokens, held.pairs)
+        queued_on.queue_work(now, held.tokens, held.pairs, compute)
         self._stream_on: EngineLedger | None = None
         self._slack_key = 0.0
         self._stream_tokens = prompt_tokens + output.median * 0.5
@@ -184,8 +188,8 @@ class Ticket:
     def _release_queue(self) -> None:
         queued_on = self._queued_on
         if queued_on is not None:
-            queued_on.queued_tokens -= self._prefill_held.tokens
-            queued_on.queued_pairs -= self._prefill_held.pairs
+            held = self._prefill_held
+            queued_on.work_done(time.monotonic(), held.tokens, held.pairs)
             self._queued_on = None
 
     def prefilled(self, handed_off: bool, seconds: float | None) -> None:
@@ -251,12 +255,14 @@ class Ticket:
             "prompt": self.prompt_tokens,
             "own": part.own.tokens,
             "ahead": part.ahead.tokens,
+            "backlog_ms": ms(part.backlog_s),
             "through": part.through.tokens,
             "streams": decode.streams,
             "output": output_tokens,
             "ttft_ms": ms(placement.ttft_s),
             "prefill_ms": ms(part.ttft_s),
             "decode_ahead": decode.ahead.tokens,
+            "decode_backlog_ms": ms(decode.backlog_s),
             "wait_ms": ms(placement.handoff_wait_s),
             "handoff_ms": None
             if prefill is None
@@ -275,7 +281,8 @@ class Ticket:
             return
         self._prefill_s = None
         ledger = prefill.ledger
-        ledger.costs.observe_prefill(prefill.through.tokens, prefill.through.pairs, seconds)
+        if prefill.ahead.tokens <= 0.0 and prefill.backlog_s <= 0.0:
+            ledger.costs.observe_prefill(prefill.own.tokens, prefill.own.pairs, seconds)
         squared = self.predictor.observe_error("prefill", prefill.ttft_s, seconds)
         ledger.ttft_squared_log_error += ERROR_WEIGHT * (squared - ledger.ttft_squared_log_error)
 
@@ -288,8 +295,9 @@ class Ticket:
             return  # retried on another engine: not what was predicted
         observed = first - start
         if placement.prefill is None:
-            through = placement.decode.through
-            ledger.costs.observe_prefill(through.tokens, through.pairs, observed)
+            decode = placement.decode
+            if decode.ahead.tokens <= 0.0 and decode.backlog_s <= 0.0:
+                ledger.costs.observe_prefill(decode.own.tokens, decode.own.pairs, observed)
         elif self._prefill_done is not None and placement.handoff_wait_s <= 0.0:
             ledger.costs.observe_handoff(self.prompt_tokens, first - self._prefill_done)
         squared = self.predictor.observe_error("ttft", placement.ttft_s, observed)
