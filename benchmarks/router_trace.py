@@ -75,6 +75,7 @@ from tandem.bench.runner import RunOptions, Target, run_target
 from tandem.bench.spec import SLO, Trace
 from tandem.bench.stats import meets_slo
 from tandem.common.ports import free_port
+from tandem.common.routing import PredictiveConfig
 
 TANDEM_ROUTERS = ("tandem", "tandem-pd", "tandem-predictive", "tandem-pd-predictive")
 ROUTERS = (*TANDEM_ROUTERS, "sglang", "smg", "vllm", "vllm-pd", "llmd")
@@ -199,13 +200,32 @@ class Router:
 # -- one run -------------------------------------------------------------------------------------
 
 
-def slo_class_config(text: str, directory: Path) -> str:
-    """A router config file holding one SLO class `TTFT ms/TPOT ms` for the predictive routers
-    (the flags given beside it override everything else)."""
-    ttft, tpot = (float(v) for v in text.split("/"))
-    predictive = {"sloClasses": [{"minPriority": 0, "ttftMs": ttft, "tpotMs": tpot}]}
+def paced_seeds(speedup: float) -> dict[str, float]:
+    """The predictive policy's cost seeds (the H200 profile's times, `PredictiveConfig`) at the
+    pace of engines that run at `speedup` of it: every time divided by `speedup`."""
+    defaults = PredictiveConfig()
+    return {
+        field.alias or name: getattr(defaults, name) / speedup
+        for name, field in PredictiveConfig.model_fields.items()
+        if name.startswith(("prefill_", "handoff_", "step_"))
+        and (name.endswith("_ms") or "_ms_" in name)
+    }
+
+
+def predictive_config(args: argparse.Namespace, directory: Path) -> str | None:
+    """A router config file for the predictive routers (the flags given beside it override
+    everything else): one SLO class `TTFT ms/TPOT ms` (`--predictive-class`), and with
+    `--pace-seeds` the cost seeds at the engines' pace (`paced_seeds`)."""
+    predictive: dict[str, Any] = {}
+    if args.predictive_class:
+        ttft, tpot = (float(v) for v in args.predictive_class.split("/"))
+        predictive["sloClasses"] = [{"minPriority": 0, "ttftMs": ttft, "tpotMs": tpot}]
+    if args.pace_seeds:
+        predictive |= paced_seeds(args.speedup)
+    if not predictive:
+        return None
     config = {"servedModelName": MODEL, "static": {}, "scoring": {"predictive": predictive}}
-    path = directory / "predictive-class.json"
+    path = directory / "predictive.json"
     path.write_text(json.dumps(config))
     return str(path)
 
@@ -434,11 +454,7 @@ async def main_async(args: argparse.Namespace) -> int:
         ensure_smg()
     slos = parse_slos(args.slos)
     scratch = tempfile.TemporaryDirectory(prefix="router-trace-")
-    args.predictive_class_config = (
-        slo_class_config(args.predictive_class, Path(scratch.name))
-        if args.predictive_class
-        else None
-    )
+    args.predictive_class_config = predictive_config(args, Path(scratch.name))
     loads = [float(x) for x in args.loads.split(",")]
     started = datetime.now(UTC)
     load_before = os.getloadavg()
@@ -507,6 +523,7 @@ async def main_async(args: argparse.Namespace) -> int:
             "loads": loads,
             "slos": [slo_name(s) for s in slos],
             "predictive_class": args.predictive_class,
+            "pace_seeds": args.pace_seeds,
             "vllm_policy": router_bench.VLLM_POLICY,
             "tables": tables,
             "ratios_to_best_peer": found,
@@ -552,6 +569,12 @@ def main(argv: list[str] | None = None) -> int:
         "--predictive-class",
         help="TTFT ms/TPOT ms: one SLO class for the predictive routers (router time: divide the"
         " emulated targets by --speedup)",
+    )
+    parser.add_argument(
+        "--pace-seeds",
+        action="store_true",
+        help="seed the predictive routers' cost models at the engines' pace (the profile's times"
+        " divided by --speedup) instead of the H200's",
     )
     parser.add_argument(
         "--explain",

@@ -51,8 +51,8 @@ its targets (T_ttft, T_tpot, `slo.py`) and block size B, with each engine's lear
     with q = `meetProbability`: P/D when it costs the pool less waiting, or when local prefill
     would take the streams decoding on d past their budget or target and P/D meets the TTFT
     target (so a TTFT target that only local meets is never given up for the budget). A prefill
-    pool that is behind has a large ahead(p): its TTFT_pd grows until local costs less, and the
-    decode engines take prefills within budget.
+    pool that is behind has a large backlog(p) or ahead(p): its TTFT_pd grows until local costs
+    less, and the decode engines take prefills within budget.
   re-probe: an engine is learned only from the work placed on it, so one judged slow would never
     be corrected; an engine is due (`due_for_probe`) when it is idle in every figure the router
     has (none of its prefill work open, nothing waiting or decoding there) and has been sent no
