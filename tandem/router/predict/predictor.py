@@ -15,8 +15,8 @@ has left, each observation goes to the model that predicted it:
                                (both only when no work was predicted ahead of it: a sample of
                                the engine's pace, not of how a queue drained)
     first byte, P/D         -> handoff model of the decode engine: (prompt tokens, handoff s),
-                               unless a wait behind its prefill work was predicted (that wait
-                               is the prefill model's)
+                               when none of this router's prefills was open on it as the
+                               handoff started (a wait behind them is not the handoff's cost)
     end of a stream         -> step model of the decode engine: (streams + 1, context + its
                                tokens, TPOT · (1 - min(share, 0.9))), with TPOT = (last event -
                                first byte) / (output events - 1) and share the prefill share its
@@ -134,6 +134,7 @@ class Ticket:
     __slots__ = (
         "_first_byte",
         "_first_engine",
+        "_handoff_clean",
         "_placed_at",
         "_prefill_done",
         "_prefill_held",
@@ -183,6 +184,7 @@ class Ticket:
         self._first_engine: Engine | None = None
         self._upstream_start: float | None = None
         self._prefill_done: float | None = None
+        self._handoff_clean = False
         self._placed_at = time.perf_counter()
 
     def _release_queue(self) -> None:
@@ -199,6 +201,8 @@ class Ticket:
         self._release_queue()
         if handed_off:
             self._prefill_s = seconds
+            # nothing of this router's is prefilling on the decode engine as the handoff starts
+            self._handoff_clean = self.placement.decode.ledger.queued_tokens <= 0.0
 
     def first_byte(
         self, engine: Engine, now: float, upstream_start: float | None, prefill_done: float | None
@@ -298,7 +302,7 @@ class Ticket:
             decode = placement.decode
             if decode.ahead.tokens <= 0.0 and decode.backlog_s <= 0.0:
                 ledger.costs.observe_prefill(decode.own.tokens, decode.own.pairs, observed)
-        elif self._prefill_done is not None and placement.handoff_wait_s <= 0.0:
+        elif self._prefill_done is not None and self._handoff_clean:
             ledger.costs.observe_handoff(self.prompt_tokens, first - self._prefill_done)
         squared = self.predictor.observe_error("ttft", placement.ttft_s, observed)
         ledger.ttft_squared_log_error += ERROR_WEIGHT * (squared - ledger.ttft_squared_log_error)
