@@ -15,7 +15,9 @@ arrivals follow, and every figure is converted back to emulated-H200 time. The r
              the same two under the predictive policy (`--policy predictive`, with one SLO class
              of `--predictive-class` TTFT ms / TPOT ms in router time when given); for every
              Tandem router the row adds its P/D decisions and the prediction errors (MAPE) it
-             reports on /metrics
+             reports on /metrics; with `--explain DIR` the predictive routers log each request's
+             predicted TTFT terms beside what was observed (DIR/<router>-x<load>.jsonl) and the
+             row adds the error of each term (`term_errors`)
   sglang     sglang-router 0.3.2, cache_aware
   smg        SMG (the Shepherd Model Gateway, sglang-router's successor), cache_aware
   vllm       vllm-router 0.1.17, cache_aware
@@ -73,6 +75,7 @@ from tandem.bench.runner import RunOptions, Target, run_target
 from tandem.bench.spec import SLO, Trace
 from tandem.bench.stats import meets_slo
 from tandem.common.ports import free_port
+from tandem.common.routing import PredictiveConfig
 
 TANDEM_ROUTERS = ("tandem", "tandem-pd", "tandem-predictive", "tandem-pd-predictive")
 ROUTERS = (*TANDEM_ROUTERS, "sglang", "smg", "vllm", "vllm-pd", "llmd")
@@ -136,6 +139,8 @@ class Router:
         if kind.endswith("-predictive"):
             kind = kind.removesuffix("-predictive")
             tandem_flags += ["--policy", "predictive"]
+            if args.explain:
+                tandem_flags += ["--log-level", "debug"]
             if args.predictive_class_config:
                 tandem_flags += ["--config", args.predictive_class_config]
         if kind == "tandem":
@@ -195,13 +200,32 @@ class Router:
 # -- one run -------------------------------------------------------------------------------------
 
 
-def slo_class_config(text: str, directory: Path) -> str:
-    """A router config file holding one SLO class `TTFT ms/TPOT ms` for the predictive routers
-    (the flags given beside it override everything else)."""
-    ttft, tpot = (float(v) for v in text.split("/"))
-    predictive = {"sloClasses": [{"minPriority": 0, "ttftMs": ttft, "tpotMs": tpot}]}
+def paced_seeds(speedup: float) -> dict[str, float]:
+    """The predictive policy's cost seeds (the H200 profile's times, `PredictiveConfig`) at the
+    pace of engines that run at `speedup` of it: every time divided by `speedup`."""
+    defaults = PredictiveConfig()
+    return {
+        field.alias or name: getattr(defaults, name) / speedup
+        for name, field in PredictiveConfig.model_fields.items()
+        if name.startswith(("prefill_", "handoff_", "step_"))
+        and (name.endswith("_ms") or "_ms_" in name)
+    }
+
+
+def predictive_config(args: argparse.Namespace, directory: Path) -> str | None:
+    """A router config file for the predictive routers (the flags given beside it override
+    everything else): one SLO class `TTFT ms/TPOT ms` (`--predictive-class`), and with
+    `--pace-seeds` the cost seeds at the engines' pace (`paced_seeds`)."""
+    predictive: dict[str, Any] = {}
+    if args.predictive_class:
+        ttft, tpot = (float(v) for v in args.predictive_class.split("/"))
+        predictive["sloClasses"] = [{"minPriority": 0, "ttftMs": ttft, "tpotMs": tpot}]
+    if args.pace_seeds:
+        predictive |= paced_seeds(args.speedup)
+    if not predictive:
+        return None
     config = {"servedModelName": MODEL, "static": {}, "scoring": {"predictive": predictive}}
-    path = directory / "predictive-class.json"
+    path = directory / "predictive.json"
     path.write_text(json.dumps(config))
     return str(path)
 
@@ -283,6 +307,11 @@ async def run_router(
         cpu = router.cpu_seconds() - cpu0
         after = await engine_counters(pool.engines)
         own = tandem_figures(await metrics_text(router.url)) if kind in TANDEM_ROUTERS else {}
+        if args.explain and kind.endswith("-predictive") and router.proc is not None:
+            lines = explained(router.proc.log_path.read_text())
+            path = Path(args.explain) / f"{kind}-x{workload.speedup / args.speedup:g}.jsonl"
+            path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+            own["term_mape"] = term_errors(lines)
     finally:
         router.stop()
     return row_of(record, slos, cache_delta(before, after), cpu, args.speedup) | own
@@ -309,6 +338,37 @@ def tandem_figures(text: str) -> dict[str, Any]:
     decisions = dict(totals["tandem_router_decisions_total"])
     mape = {q: sums[q] / counts[q] for q in sums if counts[q]}
     return {"decisions": decisions, "prediction_mape": mape}
+
+
+def explained(log: str) -> list[dict[str, Any]]:
+    """The predictive router's per-request `prediction {...}` debug lines (`Ticket.explain`)."""
+    marker = " prediction {"
+    return [
+        json.loads(line[line.index(marker) + len(marker) - 1 :])
+        for line in log.splitlines()
+        if marker in line
+    ]
+
+
+def term_errors(lines: list[dict[str, Any]]) -> dict[str, float]:
+    """Mean |observed - predicted| / observed of each term of the predicted TTFT over the
+    requests that have both: `ttft local`, `ttft pd` (upstream TTFT by route), `prefill` (the P/D
+    prefill), `handoff` (the wait on the decode engine plus the handoff, against the time from
+    the prefill's answer to the first byte) and `tpot`."""
+    pairs: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for line in lines:
+        pairs[f"ttft {line['route']}"].append((line["ttft_ms"], line["ttft_obs_ms"]))
+        pairs["tpot"].append((line["tpot_ms"], line["tpot_obs_ms"]))
+        if line["route"] == "pd":
+            pairs["prefill"].append((line["prefill_ms"], line["prefill_obs_ms"]))
+            handoff = line["handoff_ms"] + line["wait_ms"]
+            pairs["handoff"].append((handoff, line["handoff_obs_ms"]))
+    out = {}
+    for term, found in pairs.items():
+        errors = [abs(o - p) / o for p, o in found if p is not None and o]
+        if errors:
+            out[term] = sum(errors) / len(errors)
+    return out
 
 
 # -- report --------------------------------------------------------------------------------------
@@ -366,6 +426,9 @@ def print_tandem_figures(rows: dict[str, dict[str, Any]]) -> None:
         decided = ", ".join(f"{k} {v:.0f}" for k, v in sorted(row["decisions"].items()))
         mape = ", ".join(f"{k} {v:.1%}" for k, v in sorted(row["prediction_mape"].items()))
         print(f"    {name}: decisions {decided or '-'}" + (f"; MAPE {mape}" if mape else ""))
+        if row.get("term_mape"):
+            terms = ", ".join(f"{k} {v:.1%}" for k, v in sorted(row["term_mape"].items()))
+            print(f"      MAPE by term: {terms}")
 
 
 def print_ratios(found: dict[str, dict[str, float]]) -> None:
@@ -391,11 +454,7 @@ async def main_async(args: argparse.Namespace) -> int:
         ensure_smg()
     slos = parse_slos(args.slos)
     scratch = tempfile.TemporaryDirectory(prefix="router-trace-")
-    args.predictive_class_config = (
-        slo_class_config(args.predictive_class, Path(scratch.name))
-        if args.predictive_class
-        else None
-    )
+    args.predictive_class_config = predictive_config(args, Path(scratch.name))
     loads = [float(x) for x in args.loads.split(",")]
     started = datetime.now(UTC)
     load_before = os.getloadavg()
@@ -464,6 +523,7 @@ async def main_async(args: argparse.Namespace) -> int:
             "loads": loads,
             "slos": [slo_name(s) for s in slos],
             "predictive_class": args.predictive_class,
+            "pace_seeds": args.pace_seeds,
             "vllm_policy": router_bench.VLLM_POLICY,
             "tables": tables,
             "ratios_to_best_peer": found,
@@ -509,6 +569,17 @@ def main(argv: list[str] | None = None) -> int:
         "--predictive-class",
         help="TTFT ms/TPOT ms: one SLO class for the predictive routers (router time: divide the"
         " emulated targets by --speedup)",
+    )
+    parser.add_argument(
+        "--pace-seeds",
+        action="store_true",
+        help="seed the predictive routers' cost models at the engines' pace (the profile's times"
+        " divided by --speedup) instead of the H200's",
+    )
+    parser.add_argument(
+        "--explain",
+        help="a folder: the predictive routers' per-request prediction terms go there, one"
+        " JSONL file per router and load, and the rows add each term's MAPE",
     )
     parser.add_argument("--json", help="also write the tables to this file")
     return asyncio.run(main_async(parser.parse_args(argv)))

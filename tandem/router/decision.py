@@ -246,7 +246,6 @@ def predictive_plan(
             predictor.mean_uncached_pairs,
             predictor.mean_stream_tokens,
             predictive.now,
-            settings.prefill_chunk_tokens,
             inputs.first_block_key,
             settings.reprobe_seconds,
         ),

@@ -26,7 +26,9 @@ from tandem.router.predict.output_length import (
 from tandem.router.predict.placement import (
     PlacementInputs,
     Work,
+    decode_candidate,
     due_for_probe,
+    handoff_wait_s,
     kv_overflows,
     place,
     retry_after_s,
@@ -74,24 +76,35 @@ def test_engine_costs_formulas_and_learning() -> None:
         (0.006, 0.024, 0.002), (0.007, 0.003), (0.006, 0.00002, 0.00003), forget=0.98
     )
     assert costs.prefill_s(2000, 2e6) == pytest.approx(0.006 + 0.048 + 0.004)
+    # 10,000 tokens are two chunks of at most 8,192: two steps, two fixed costs
+    assert costs.prefill_s(10000, 0.0) == pytest.approx(2 * 0.006 + 0.24)
+    assert costs.prefill_s(0, 0.0) == pytest.approx(0.006)  # all cached: still one step
     assert costs.prefill_compute_s(2000, 2e6) == pytest.approx(0.048 + 0.004)
     assert costs.handoff_s(1000) == pytest.approx(0.010)
     assert costs.step_s(10, 20000) == pytest.approx(0.006 + 0.0002 + 0.0006)
 
-    def slow(tokens: float) -> float:  # an engine four times slower than the seed, both terms
-        return 0.006 + 4 * (2.4e-5 * tokens + 2e-9 * tokens * tokens / 2)
+    def slow(tokens: float) -> float:  # 20 ms of overhead and a pace four times slower
+        return 0.02 + 4 * (0.006 * math.ceil(tokens / 8192) + 2.4e-5 * tokens + 1e-9 * tokens**2)
 
-    for tokens in (500, 1000, 2000, 4000, 8000) * 20:
+    for tokens in (100, 500, 1000, 2000, 4000, 8000) * 20:
         costs.observe_prefill(tokens, tokens * tokens / 2, slow(tokens))
-    assert costs.prefill_s(3000, 4.5e6) == pytest.approx(slow(3000), rel=0.05)
-    assert costs.prefill_s(16000, 1.28e8) == pytest.approx(slow(16000), rel=0.05)
+    assert costs.prefill.theta == pytest.approx([0.02, 4.0], rel=0.1)
+    assert costs.prefill_s(3000, 4.5e6) == pytest.approx(slow(3000), rel=0.02)
+    assert costs.prefill_s(16000, 1.28e8) == pytest.approx(slow(16000), rel=0.02)
+    assert costs.prefill_compute_s(2000, 2e6) == pytest.approx(4 * (0.048 + 0.004), rel=0.05)
 
 
-def test_work_through_the_first_token_fills_the_last_step_behind_a_queue() -> None:
+def test_a_burst_of_odd_samples_moves_the_costs_by_a_bounded_factor() -> None:
+    costs = EngineCosts((0.006, 0.024, 0.002), (0.007, 0.003), (0.006, 0.0, 0.0), forget=0.98)
+    for _ in range(5):  # a short prompt stuck behind a stalled engine: ten times its cost
+        costs.observe_prefill(200, 2e4, 10 * costs.prefill_s(200, 2e4))
+    assert 1.0 < costs.prefill_s(16000, 1.28e8) / (0.012 + 0.384 + 0.256) < 10.0
+
+
+def test_work_through_the_first_token_is_the_work_ahead_and_its_own() -> None:
     own = Work(1000.0, 5e5)
-    assert through_first_token(Work(0.0, 0.0), own, 8192) == own  # an idle engine: its own
-    assert through_first_token(Work(3000.0, 4e6), own, 8192) == Work(8192.0, 4.5e6)
-    assert through_first_token(Work(8000.0, 0.0), own, 8192) == Work(16384.0, 5e5)
+    assert through_first_token(Work(0.0, 0.0), own) == own  # an idle engine: its own
+    assert through_first_token(Work(3000.0, 4e6), own) == Work(4000.0, 4.5e6)
 
 
 def test_prefill_share_is_a_decayed_rate() -> None:
@@ -191,6 +204,11 @@ def engine(name: str, role: str) -> Engine:
     return Engine(f"http://{name}:8000", roles)
 
 
+def behind(ledger: EngineLedger, tokens: float) -> None:
+    """This router's prefill work of `tokens` placed on the ledger's engine at time 100."""
+    ledger.queue_work(100.0, tokens, 0.0, ledger.costs.prefill_compute_s(tokens, 0.0))
+
+
 def ledger_table() -> tuple[dict[str, EngineLedger], Callable[[Engine], EngineLedger]]:
     ledgers: dict[str, EngineLedger] = {}
 
@@ -222,7 +240,6 @@ def inputs_for(
         mean_uncached_pairs=1e6,
         mean_stream_tokens=1000.0,
         now=100.0,
-        chunk_tokens=8192,
     )
 
 
@@ -238,26 +255,56 @@ def test_local_when_both_meet() -> None:
 def test_pd_when_local_misses_its_ttft_and_pd_meets() -> None:
     _, ledger_of = ledger_table()
     d, p = engine("d", "decode"), engine("p", "prefill")
-    ledger_of(d).queued_tokens = 8000  # the decode engine has 8k tokens of prefill ahead
+    behind(ledger_of(d), 6000)  # the decode engine has 6k tokens of prefill ahead
     placement = place([d], [p], ledger_of, inputs_for(2000), "auto")
-    assert placement.prefill is not None
+    assert placement.prefill is not None  # local: 205 ms
     assert placement.prefill.engine is p
     assert placement.prefill_ranking == [p]
-    assert placement.ttft_s == pytest.approx(0.055 + 0.005 + 0.006)
+    # the handed-off request waits for d's 150 ms of prefill work, 55 ms of it during its own
+    # prefill on p, then the 11 ms handoff
+    assert placement.handoff_wait_s == pytest.approx(0.150 - 0.055)
+    assert placement.ttft_s == pytest.approx(0.150 + 0.011)
+
+
+def test_handoff_waits_for_the_decode_engines_prefill_work_beyond_its_own_prefill() -> None:
+    _, ledger_of = ledger_table()
+    d = engine("d", "decode")
+    candidate = decode_candidate(d, ledger_of(d), inputs_for(2000))
+    assert handoff_wait_s(candidate, 0.1) == 0.0  # nothing ahead on d
+    behind(ledger_of(d), 8000)  # 200 ms of prefill work ahead on d
+    candidate = decode_candidate(d, ledger_of(d), inputs_for(2000))
+    assert handoff_wait_s(candidate, 0.1) == pytest.approx(0.1)
+    assert handoff_wait_s(candidate, 0.3) == 0.0  # done before the prefill elsewhere ends
 
 
 def test_prefill_pool_behind_is_a_predicted_wait_and_keeps_it_local() -> None:
     _, ledger_of = ledger_table()
     d, p1, p2 = engine("d", "decode"), engine("p1", "prefill"), engine("p2", "prefill")
-    ledger_of(d).queued_tokens = 8000
-    ledger_of(p1).queued_tokens = 20000  # this router's own unfinished prefills
+    behind(ledger_of(d), 8000)
+    behind(ledger_of(p1), 20000)  # this router's own unfinished prefills
     p2.waiting, p2.pending_at_scrape = 30, 0  # other routers' queue, seen in the engine's metrics
     placement = place([d], [p1, p2], ledger_of, inputs_for(2000), "auto")
     assert placement.prefill is None  # P/D would miss too: local, never a hop that loses
-    ledger_of(p1).queued_tokens = 0
+    ledger_of(p1).work_done(100.0, 20000, 0.0)  # done: no backlog left
     placement = place([d], [p1, p2], ledger_of, inputs_for(2000), "auto")
     assert placement.prefill is not None
     assert placement.prefill.engine is p1
+
+
+def test_backlog_is_the_predicted_work_left_and_clears_when_the_work_is_done() -> None:
+    _, ledger_of = ledger_table()
+    ledger = ledger_of(engine("d", "decode"))
+    ledger.queue_work(100.0, 4000, 0.0, 0.1)
+    ledger.queue_work(100.05, 2000, 0.0, 0.05)  # queued behind the first: ends at 100.15
+    assert ledger.backlog_s(100.05) == pytest.approx(0.1)  # half of the first is computed
+    assert ledger.backlog_s(100.2) == 0.0  # past its predicted end: nothing left
+    ledger.work_done(100.06, 4000, 0.0)
+    assert ledger.backlog_s(100.06) == pytest.approx(0.09)  # the second is still open
+    ledger.work_done(100.08, 2000, 0.0)  # done sooner than predicted
+    assert ledger.backlog_s(100.08) == 0.0
+    assert ledger.queued_tokens == 0.0
+    ledger.queue_work(100.1, 1000, 0.0, 0.02)
+    assert ledger.backlog_s(100.1) == pytest.approx(0.02)  # starts from now, not from before
 
 
 def test_stream_slack_counts_every_prefill_that_lands_while_it_runs() -> None:
@@ -289,7 +336,7 @@ def test_pd_when_local_prefill_would_take_a_stream_past_its_tpot_target() -> Non
     for _ in range(4):  # four streams of 11 tokens at a 7 ms target on a 6 ms step: 10 ms slack
         ledger.add_stream(1000, 11, stream_slack_s(11, 0.007, 0.006))
     d.in_flight = 4
-    ledger_of(p).queued_tokens = 1000  # P/D: a step of 8,192 tokens + 5.5 ms handoff = 215 ms
+    behind(ledger_of(p), 8032)  # P/D: 8,192 tokens + 5.5 ms handoff = 215 ms
     # a 160-token prefill stalls them 4 ms: within their slack, local (9 + 4 · 4 ms in all)
     placement = place([d], [p], ledger_of, inputs_for(160, ttft_ms=1000), "auto")
     assert placement.prefill is None
@@ -307,7 +354,7 @@ def test_pd_when_local_prefill_would_take_a_stream_past_its_tpot_target() -> Non
 def test_an_idle_engine_sent_nothing_for_a_while_is_probed() -> None:
     _, ledger_of = ledger_table()
     d, p = engine("d", "decode"), engine("p", "prefill")
-    ledger_of(p).costs.prefill.theta = [1.0, 1.0, 0.0]  # judged slow: a 1 s prefill at least
+    ledger_of(p).costs.prefill.theta = [1.0, 1.0]  # judged slow: a 1 s prefill at least
     inputs = inputs_for(2000, ttft_ms=500)
     assert place([d], [p], ledger_of, inputs, "auto").prefill is None
     probing = replace(inputs, reprobe_s=2.0)
@@ -329,7 +376,7 @@ def test_an_idle_engine_sent_nothing_for_a_while_is_probed() -> None:
 def test_a_probed_decode_candidate_is_picked_and_not_shed() -> None:
     _, ledger_of = ledger_table()
     a, b = engine("a", "both"), engine("b", "both")
-    ledger_of(b).costs.prefill.theta = [5.0, 1.0, 0.0]  # b judged very slow
+    ledger_of(b).costs.prefill.theta = [5.0, 1.0]  # b judged very slow
     ledger_of(a).last_placed, ledger_of(b).last_placed = 99.5, 90.0
     inputs = replace(inputs_for(2000, sheddable=True), reprobe_s=2.0)
     placement = place([a, b], [], ledger_of, inputs, "auto")
@@ -343,7 +390,7 @@ def test_a_probed_decode_candidate_is_picked_and_not_shed() -> None:
 def test_interference_budget_sends_prefills_to_the_pool_unless_only_local_meets() -> None:
     _, ledger_of = ledger_table()
     d, p = engine("d", "decode"), engine("p", "prefill")
-    ledger_of(p).queued_tokens = 4000  # P/D: one full step of 8,192 tokens, 0.011 s handoff
+    behind(ledger_of(p), 6192)  # P/D: 8,192 tokens, 0.011 s handoff
     placement = place([d], [p], ledger_of, inputs_for(2000, ttft_ms=300), "auto")
     assert placement.prefill is None  # local is faster and within budget (share 0 + 0.05)
     ledger_of(d).add_prefill(100.0, 0.28)  # the decode engine already spends 28% prefilling
@@ -362,7 +409,7 @@ def test_interference_budget_sends_prefills_to_the_pool_unless_only_local_meets(
 def test_local_costs_the_delay_it_adds_to_running_streams() -> None:
     _, ledger_of = ledger_table()
     d, p = engine("d", "decode"), engine("p", "prefill")
-    ledger_of(p).queued_tokens = 1000  # P/D: a step of 8,192 tokens + 11 ms handoff = 221 ms
+    behind(ledger_of(p), 6192)  # P/D: 8,192 tokens + 11 ms handoff = 221 ms
     assert place([d], [p], ledger_of, inputs_for(2000), "auto").prefill is None  # 55 ms local
     d.in_flight = 4  # four streams would wait 50 ms each: 55 + 200 ms > 221 ms
     assert place([d], [p], ledger_of, inputs_for(2000), "auto").prefill is not None
@@ -375,7 +422,7 @@ def test_pick_prefers_the_cached_engine_and_the_idle_one() -> None:
     placement = place([a, b], [], ledger_of, inputs_for(2000, hits=hits), "auto")
     assert placement.decode.engine is a
     assert placement.ranking == [a, b]
-    ledger_of(a).queued_tokens = 12000  # a is far behind: b meets the target, a does not
+    behind(ledger_of(a), 12000)  # a is far behind: b meets the target, a does not
     placement = place([a, b], [], ledger_of, inputs_for(2000, hits=hits), "auto")
     assert placement.decode.engine is b
 
@@ -384,7 +431,7 @@ def test_modes_and_colocated_engines() -> None:
     _, ledger_of = ledger_table()
     d, p, c = engine("d", "decode"), engine("p", "prefill"), engine("c", "both")
     assert place([d], [p], ledger_of, inputs_for(2000), "always").prefill is not None
-    ledger_of(d).queued_tokens = 8000
+    behind(ledger_of(d), 8000)
     assert place([d], [p], ledger_of, inputs_for(2000), "never").prefill is None
     assert place([c], [p], ledger_of, inputs_for(2000), "auto").prefill is None
 
@@ -392,7 +439,7 @@ def test_modes_and_colocated_engines() -> None:
 def test_sheddable_request_is_shed_when_no_placement_meets() -> None:
     _, ledger_of = ledger_table()
     d = engine("d", "decode")
-    ledger_of(d).queued_tokens = 100000  # 2.5 s ahead
+    behind(ledger_of(d), 100000)  # 2.5 s ahead
     placement = place([d], [], ledger_of, inputs_for(1000, sheddable=True), "auto")
     assert placement.shed
     assert retry_after_s(placement, SloTarget(0.2, 0.05, True)) == 3
@@ -432,7 +479,7 @@ def test_plan_keeps_a_session_on_its_engine_and_n_above_one_local() -> None:
     predictor = Predictor(cfg.scoring.predictive, RouterMetrics())
     d1, d2, p = engine("d1", "decode"), engine("d2", "decode"), engine("p", "prefill")
     for e in (d1, d2):
-        predictor.ledger(e).queued_tokens = 8000
+        behind(predictor.ledger(e), 8000)
 
     def inputs(n: int, session: str | None = None) -> RouteInputs:
         return RouteInputs(
@@ -469,9 +516,7 @@ def test_ticket_holds_and_gives_back_and_teaches() -> None:
     target = SloTarget(0.2, 0.05, False)
     keys = length_keys(False, 100, 2000, None)
     output = predictor.lengths.predict(keys, 100)
-    inputs = PlacementInputs(
-        2000, 16, {}, output, target, 0.5, 0.3, 1000.0, 1e6, 1000.0, 100.0, 8192
-    )
+    inputs = PlacementInputs(2000, 16, {}, output, target, 0.5, 0.3, 1000.0, 1e6, 1000.0, 100.0)
     placement = place([d], [], predictor.ledger, inputs, "auto")
     ledger = predictor.ledger(d)
     ticket = predictor.ticket(placement, 2000, output, keys, target, True, 100.0)
@@ -503,13 +548,11 @@ def test_ticket_holds_and_gives_back_and_teaches() -> None:
 def test_ticket_of_an_abandoned_request_gives_back_its_queue() -> None:
     predictor = Predictor(PredictiveConfig(), RouterMetrics())
     d, p = engine("d", "decode"), engine("p", "prefill")
-    predictor.ledger(d).queued_tokens = 8000
+    behind(predictor.ledger(d), 8000)
     keys = length_keys(False, 100, 2000, None)
     output = predictor.lengths.predict(keys, 100)
     target = SloTarget(0.2, 0.05, False)
-    inputs = PlacementInputs(
-        2000, 16, {}, output, target, 0.5, 0.3, 1000.0, 1e6, 1000.0, 100.0, 8192
-    )
+    inputs = PlacementInputs(2000, 16, {}, output, target, 0.5, 0.3, 1000.0, 1e6, 1000.0, 100.0)
     placement = place([d], [p], predictor.ledger, inputs, "auto")
     assert placement.prefill is not None
     ticket = predictor.ticket(placement, 2000, output, keys, target, True, 100.0)

@@ -1,21 +1,30 @@
 """Per-engine cost models, learned online from what the router times on every request.
 
-Each is a linear model y = θ·x fitted by recursive least squares with forgetting (`OnlineLinear`),
-seeded by a prior (the timing profile's figures, `PredictionConfig`):
+Each model has the shape of the timing profile's formula (the seed s(x), `PredictiveConfig`'s
+figures) and learns two numbers per engine, a fixed part a and a scale κ:
 
-    prefill seconds  = θ0 + θ1 · tokens / 1000 + θ2 · pairs / 10⁶
-                       (tokens: the uncached tokens ahead plus its own; pairs: their attention
-                       pairs, Σ u · (c + u / 2) over the requests of u uncached tokens after c
-                       cached ones: the quadratic part of a long prompt's prefill)
-    handoff seconds  = θ0 + θ1 · prompt tokens / 1000       (KV pull + the decode engine's first step)
-    decode step      = θ0 + θ1 · streams + θ2 · context tokens / 1000
+    y = a + κ · s(x),   (a, κ) from (0, 1)
 
-Features are in thousands of tokens so that the coefficients, and the prior variances, are of
-one order; every coefficient is kept non-negative (a cost never falls with more work).
+    prefill:  s = s0 · steps + s1 · tokens / 1000 + s2 · pairs / 10⁶
+              (tokens: the uncached tokens ahead plus its own; pairs: their attention pairs,
+              Σ u · (c + u / 2) over the requests of u uncached tokens after c cached ones, the
+              quadratic part of a long prompt's prefill; steps = max(⌈tokens / C⌉, 1), the
+              forward passes chunked prefill splits them into at a token budget of C per step,
+              each with its fixed cost)
+    handoff:  s = h0 + h1 · prompt tokens / 1000            (KV pull + the decode engine's first step)
+    step:     s = d0 + d1 · streams + d2 · context tokens / 1000
+
+(a, κ) are fitted by recursive least squares with forgetting (`OnlineLinear`) on the features
+(1, s(x)). Two numbers are what the router's samples identify: under a steady load
+the three coefficients of a free linear fit move together (work ahead and own work grow as one)
+and a few unusual samples (a burst, a stalled engine) throw them far off; the profile's shape
+holds across engines of one kind, and a, κ take in what differs (the engines' pace, HTTP and
+scheduling overhead).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 
@@ -76,24 +85,46 @@ class OnlineLinear:
 
 
 PRIOR_SAMPLES = 2.0  # the seed counts as this many requests against what is observed
-# the typical size of each feature: prefill (1, ~1k tokens, ~10⁶ pairs), handoff (1, ~1k tokens),
-# a step (1, ~16 streams, ~16k context tokens)
-_PREFILL_SCALE = (1.0, 1.0, 1.0)
-_HANDOFF_SCALE = (1.0, 1.0)
-_STEP_SCALE = (1.0, 16.0, 16.0)
+TYPICAL_SECONDS = 0.1  # the size of a seed's prediction s(x)
 
 
-def prior_variance(scales: Sequence[float]) -> list[float]:
-    """P0_i = 1 / (PRIOR_SAMPLES · s_i²): with P0 = δ I, recursive least squares minimises
-    Σ (y - θ·x)² + Σ (θ_i - prior_i)² / δ_i, so the seed weighs as much as PRIOR_SAMPLES
-    samples whose feature i is of size s_i, whatever the unit of y."""
-    return [1.0 / (PRIOR_SAMPLES * s * s) for s in scales]
+def prior_variance() -> list[float]:
+    """P0_i = 1 / (PRIOR_SAMPLES · f_i²) for the features (1, s(x)) of typical size
+    f = (1, TYPICAL_SECONDS): with P0 = δ I, recursive least squares minimises
+    Σ (y - θ·x)² + Σ (θ_i - prior_i)² / δ_i, so the seed weighs as PRIOR_SAMPLES samples."""
+    return [1.0 / PRIOR_SAMPLES, 1.0 / (PRIOR_SAMPLES * TYPICAL_SECONDS**2)]
+
+
+class ScaledSeed:
+    """y = a + κ · s(x) (module docstring)."""
+
+    __slots__ = ("fit",)
+
+    def __init__(self, forget: float) -> None:
+        self.fit = OnlineLinear((0.0, 1.0), prior_variance(), forget)
+
+    @property
+    def theta(self) -> list[float]:
+        """(a, κ)."""
+        return self.fit.theta
+
+    @theta.setter
+    def theta(self, value: list[float]) -> None:
+        self.fit.theta = value
+
+    def predict(self, seed_s: float) -> float:
+        fixed, scale = self.fit.theta
+        return fixed + scale * seed_s
+
+    def observe(self, seed_s: float, seconds: float) -> None:
+        self.fit.update((1.0, seed_s), seconds)
 
 
 class EngineCosts:
     """One engine's three models (module docstring), with the formulas that read them."""
 
-    __slots__ = ("handoff", "prefill", "step")
+    __slots__ = ("_handoff_seed", "_prefill_seed", "_step_seed", "chunk_tokens", "handoff",
+                 "prefill", "step")  # fmt: skip
 
     def __init__(
         self,
@@ -101,38 +132,56 @@ class EngineCosts:
         handoff: tuple[float, float],
         step: tuple[float, float, float],
         forget: float,
+        chunk_tokens: int = 8192,
     ) -> None:
-        self.prefill = OnlineLinear(prefill, prior_variance(_PREFILL_SCALE), forget)
-        self.handoff = OnlineLinear(handoff, prior_variance(_HANDOFF_SCALE), forget)
-        self.step = OnlineLinear(step, prior_variance(_STEP_SCALE), forget)
+        self._prefill_seed = prefill
+        self._handoff_seed = handoff
+        self._step_seed = step
+        self.chunk_tokens = chunk_tokens
+        self.prefill = ScaledSeed(forget)
+        self.handoff = ScaledSeed(forget)
+        self.step = ScaledSeed(forget)
+
+    def steps(self, tokens: float) -> float:
+        """max(⌈tokens / C⌉, 1): the engine steps a prefill of `tokens` takes."""
+        return max(math.ceil(tokens / self.chunk_tokens), 1)
+
+    def _prefill_seed_s(self, tokens: float, pairs: float) -> float:
+        s0, s1, s2 = self._prefill_seed
+        return s0 * self.steps(tokens) + s1 * tokens * 1e-3 + s2 * pairs * 1e-6
+
+    def _handoff_seed_s(self, prompt_tokens: float) -> float:
+        h0, h1 = self._handoff_seed
+        return h0 + h1 * prompt_tokens * 1e-3
+
+    def _step_seed_s(self, streams: float, context_tokens: float) -> float:
+        d0, d1, d2 = self._step_seed
+        return d0 + d1 * streams + d2 * context_tokens * 1e-3
 
     def prefill_s(self, tokens: float, pairs: float) -> float:
-        """θ0 + θ1 · tokens / 1000 + θ2 · pairs / 10⁶: a prefill of `tokens` with `pairs`
-        attention pairs (the work ahead included)."""
-        theta = self.prefill.theta
-        return theta[0] + theta[1] * tokens * 1e-3 + theta[2] * pairs * 1e-6
+        """a + κ · (s0 · steps + s1 · tokens / 1000 + s2 · pairs / 10⁶): a prefill of `tokens`
+        with `pairs` attention pairs (the work ahead included)."""
+        return self.prefill.predict(self._prefill_seed_s(tokens, pairs))
 
     def prefill_compute_s(self, tokens: float, pairs: float) -> float:
-        """θ1 · tokens / 1000 + θ2 · pairs / 10⁶: the engine time a prefill's tokens take, what a
-        local prefill stalls the streams decoding beside it for."""
-        theta = self.prefill.theta
-        return theta[1] * tokens * 1e-3 + theta[2] * pairs * 1e-6
+        """κ · (s1 · tokens / 1000 + s2 · pairs / 10⁶): the engine time a prefill's tokens take,
+        what a local prefill stalls the streams decoding beside it for."""
+        _, s1, s2 = self._prefill_seed
+        return self.prefill.theta[1] * (s1 * tokens * 1e-3 + s2 * pairs * 1e-6)
 
     def handoff_s(self, prompt_tokens: float) -> float:
-        """θ0 + θ1 · prompt tokens / 1000: the KV pull and the first decode step."""
-        theta = self.handoff.theta
-        return theta[0] + theta[1] * prompt_tokens * 1e-3
+        """a + κ · (h0 + h1 · prompt tokens / 1000): the KV pull and the first decode step."""
+        return self.handoff.predict(self._handoff_seed_s(prompt_tokens))
 
     def step_s(self, streams: float, context_tokens: float) -> float:
-        """θ0 + θ1 · streams + θ2 · context tokens / 1000: one decode step of the batch."""
-        theta = self.step.theta
-        return theta[0] + theta[1] * streams + theta[2] * context_tokens * 1e-3
+        """a + κ · (d0 + d1 · streams + d2 · context tokens / 1000): one decode step."""
+        return self.step.predict(self._step_seed_s(streams, context_tokens))
 
     def observe_prefill(self, tokens: float, pairs: float, seconds: float) -> None:
-        self.prefill.update((1.0, tokens * 1e-3, pairs * 1e-6), seconds)
+        self.prefill.observe(self._prefill_seed_s(tokens, pairs), seconds)
 
     def observe_handoff(self, prompt_tokens: float, seconds: float) -> None:
-        self.handoff.update((1.0, prompt_tokens * 1e-3), seconds)
+        self.handoff.observe(self._handoff_seed_s(prompt_tokens), seconds)
 
     def observe_step(self, streams: float, context_tokens: float, seconds: float) -> None:
-        self.step.update((1.0, streams, context_tokens * 1e-3), seconds)
+        self.step.observe(self._step_seed_s(streams, context_tokens), seconds)

@@ -3,6 +3,15 @@
 `queued_tokens` (and `queued_pairs`, their attention pairs) are the uncached prompt tokens of this
 router's requests sent to the engine whose prefill has not finished (first byte for a local route,
 the prefill answer for P/D);
+`busy_until` is when the engine is predicted to be done with that work: each request placed at t
+moves it to max(busy_until, t) + its predicted compute seconds, so the work still ahead at time t
+is
+
+    backlog(t) = max(busy_until - t, 0)
+
+(the part of a request already computed no longer counts, as its tokens in `queued_tokens` would),
+and when the last of this router's prefills there finishes, busy_until comes back to that moment
+(min(busy_until, t): an engine faster than predicted does not keep a backlog it has cleared).
 `streams`, `stream_tokens` and `stream_output_tokens` describe this router's requests decoding
 there (count, prompt plus half their predicted output, and predicted output).
 `prefill_share` is the part of the engine's time that the prefills this router placed there take,
@@ -43,6 +52,7 @@ class EngineLedger:
         "_share_sum",
         "_slack_ended",
         "_slack_keys",
+        "busy_until",
         "costs",
         "last_placed",
         "queued_pairs",
@@ -63,6 +73,7 @@ class EngineLedger:
         self._share_at = 0.0
         self.queued_tokens = 0.0
         self.queued_pairs = 0.0
+        self.busy_until = 0.0  # monotonic seconds: the end of the predicted backlog
         self.streams = 0
         self.stream_tokens = 0.0
         self.stream_output_tokens = 0.0
@@ -79,6 +90,24 @@ class EngineLedger:
             return 0.0
         window = self.share_window_s
         return self._share_sum * math.exp((self._share_at - now) / window) / window
+
+    def backlog_s(self, now: float) -> float:
+        """backlog(now) (module docstring)."""
+        return max(self.busy_until - now, 0.0)
+
+    def queue_work(self, now: float, tokens: float, pairs: float, compute_s: float) -> None:
+        """A prefill of `tokens` placed at `now`, predicted to take `compute_s` of engine time."""
+        self.queued_tokens += tokens
+        self.queued_pairs += pairs
+        self.busy_until = max(self.busy_until, now) + compute_s
+
+    def work_done(self, now: float, tokens: float, pairs: float) -> None:
+        """A prefill placed here has finished (or failed) at `now`."""
+        self.queued_tokens -= tokens
+        self.queued_pairs -= pairs
+        if self.queued_tokens <= 0.0:
+            self.queued_tokens = self.queued_pairs = 0.0
+            self.busy_until = min(self.busy_until, now)
 
     def add_prefill(self, now: float, compute_s: float) -> None:
         """A prefill of `compute_s` predicted seconds placed on the engine at `now`: it adds to the

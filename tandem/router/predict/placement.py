@@ -5,23 +5,28 @@ its targets (T_ttft, T_tpot, `slo.py`) and block size B, with each engine's lear
 (`cost_model.py`) and this router's record of its open work (`ledger.py`) at time t:
 
     uncached(e)  = u = max(P - hit_blocks(e) · B, 0),  its pairs(e) = u · (P - u + u / 2)
-    ahead(e)     = queued tokens and pairs(e) + max(waiting(e) - pending_at_scrape(e), 0) · the
-                   mean uncached tokens and pairs (this router's unfinished prefill work there, plus
-                   the engine's queue of other routers' requests at the mean size)
+    backlog(e)   = the predicted engine time left of this router's unfinished prefill work there
+                   (`ledger.py`: max(busy_until - t, 0))
+    ahead(e)     = max(waiting(e) - pending_at_scrape(e), 0) · the mean uncached tokens and pairs
+                   (the engine's queue of other routers' requests at the mean size)
     streams(d)   = `Engine.streams()` (the router's live count, or the engine's scraped one)
     context(d)   = stream_tokens(d) + max(streams(d) - own streams(d), 0) · mean stream tokens
     share(d)     = the ledger's prefill share of d's time at t
 
-    through(e)   = own work with nothing ahead; else ahead(e) + own work, its tokens rounded up to
-                   whole steps of `prefillChunkTokens` (the step that completes the prompt is
-                   filled to the batch budget by the requests queued behind it)
+    through(e)   = ahead(e) + own work: the engine's prefill is work-conserving (chunked
+                   prefill fills each step's token budget from the running requests, then the
+                   waiting ones in arrival order), so the request's first token comes when the
+                   work ahead of it and its own are done
 
   local on decode engine d:
-    TTFT  = prefill_s_d(through(d))
+    TTFT  = backlog(d) + prefill_s_d(through(d))
     stall = prefill_compute_s_d(own work)  (what each stream decoding on d waits for it)
     TPOT  = step_s_d(streams(d) + 1, context(d) + P + L / 2) / (1 - min(share(d), 0.9))
   prefill engine p, then decode engine d:
-    TTFT  = prefill_s_p(through(p)) + handoff_s_d(P)
+    wait  = max(busy(d) - TTFT_p, 0), TTFT_p = backlog(p) + prefill_s_p(through(p)),
+            busy(d) = backlog(d) + prefill_s_d(ahead(d)) (0 without either): the pulled request
+            joins d's waiting queue behind the prefill work already there
+    TTFT  = TTFT_p + wait + handoff_s_d(P)
     TPOT  = as local on d
 
   P(meet)  = Φ(ln(T_ttft / TTFT) / sigma_ttft) · Φ(ln(T_tpot / TPOT) / sigma_tpot)    (0 when d's KV is
@@ -46,8 +51,8 @@ its targets (T_ttft, T_tpot, `slo.py`) and block size B, with each engine's lear
     with q = `meetProbability`: P/D when it costs the pool less waiting, or when local prefill
     would take the streams decoding on d past their budget or target and P/D meets the TTFT
     target (so a TTFT target that only local meets is never given up for the budget). A prefill
-    pool that is behind has a large ahead(p): its TTFT_pd grows until local costs less, and the
-    decode engines take prefills within budget.
+    pool that is behind has a large backlog(p) or ahead(p): its TTFT_pd grows until local costs
+    less, and the decode engines take prefills within budget.
   re-probe: an engine is learned only from the work placed on it, so one judged slow would never
     be corrected; an engine is due (`due_for_probe`) when it is idle in every figure the router
     has (none of its prefill work open, nothing waiting or decoding there) and has been sent no
@@ -88,7 +93,6 @@ class PlacementInputs:
     mean_uncached_pairs: float
     mean_stream_tokens: float
     now: float  # monotonic seconds, the clock of the ledgers' prefill shares
-    chunk_tokens: int  # the engines' max_num_batched_tokens
     first_block_key: int | None = None
     reprobe_s: float = 0.0  # an idle engine sent nothing for this long is tried (0: never)
 
@@ -108,6 +112,8 @@ class Candidate:
     engine: Engine
     ledger: EngineLedger
     own: Work
+    backlog_s: float  # this router's prefill work left there, in predicted seconds
+    ahead: Work  # other routers' work queued before it (`ahead_work`)
     through: Work  # the engine's prefill work until its first token (`through_first_token`)
     ttft_s: float
     stall_s: float
@@ -124,6 +130,8 @@ class PrefillPick:
     engine: Engine
     ledger: EngineLedger
     own: Work
+    backlog_s: float
+    ahead: Work
     through: Work
     ttft_s: float  # the prefill's part, without the handoff
 
@@ -133,6 +141,7 @@ class Placement:
     decode: Candidate
     prefill: PrefillPick | None  # set when disaggregated
     ttft_s: float  # of the chosen route
+    handoff_wait_s: float  # P/D: the predicted wait behind the decode engine's prefill work
     meet: float  # P(meet both) of the chosen route
     shed: bool
     ranking: list[Engine]  # decode engines, the chosen first
@@ -149,15 +158,12 @@ class Placement:
         return self.prefill.own if self.prefill else self.decode.own
 
 
-def ahead_work(engine: Engine, ledger: EngineLedger, inputs: PlacementInputs) -> Work:
+def ahead_work(engine: Engine, inputs: PlacementInputs) -> Work:
     """ahead(e) (module docstring)."""
     others = engine.waiting - engine.pending_at_scrape
     if others <= 0:
-        return Work(ledger.queued_tokens, ledger.queued_pairs)
-    return Work(
-        ledger.queued_tokens + others * inputs.mean_uncached_tokens,
-        ledger.queued_pairs + others * inputs.mean_uncached_pairs,
-    )
+        return Work(0.0, 0.0)
+    return Work(others * inputs.mean_uncached_tokens, others * inputs.mean_uncached_pairs)
 
 
 def own_work(engine: Engine, inputs: PlacementInputs) -> Work:
@@ -170,15 +176,20 @@ def own_work(engine: Engine, inputs: PlacementInputs) -> Work:
     return Work(float(uncached), uncached * (prompt - uncached * 0.5))
 
 
-def through_first_token(ahead: Work, own: Work, chunk_tokens: int) -> Work:
-    """The work an engine computes before the request's first token: with nothing ahead, its own;
-    behind a queue, ahead + own rounded up to whole steps of `chunk_tokens`, since the step that
-    completes the prompt is filled to the batch budget by the requests queued after it (the first
-    token comes at the end of that step)."""
-    tokens = ahead.tokens + own.tokens
-    if ahead.tokens <= 0.0:
-        return Work(tokens, ahead.pairs + own.pairs)
-    return Work(math.ceil(tokens / chunk_tokens) * chunk_tokens, ahead.pairs + own.pairs)
+def through_first_token(ahead: Work, own: Work) -> Work:
+    """The work an engine computes before the request's first token: ahead + own (module
+    docstring: the engine's prefill is work-conserving)."""
+    return Work(ahead.tokens + own.tokens, ahead.pairs + own.pairs)
+
+
+def handoff_wait_s(decode: Candidate, prefill_s: float) -> float:
+    """max(busy(d) - prefill_s, 0): how long a request whose prefill elsewhere takes `prefill_s`
+    waits on decode engine d for the prefill work there before it (module docstring)."""
+    ahead = decode.ahead
+    busy = decode.backlog_s
+    if ahead.tokens > 0.0:
+        busy += decode.ledger.costs.prefill_s(ahead.tokens, ahead.pairs)
+    return max(busy - prefill_s, 0.0)
 
 
 def decode_candidate(engine: Engine, ledger: EngineLedger, inputs: PlacementInputs) -> Candidate:
@@ -186,13 +197,14 @@ def decode_candidate(engine: Engine, ledger: EngineLedger, inputs: PlacementInpu
     costs = ledger.costs
     prompt = inputs.prompt_tokens
     own = own_work(engine, inputs)
-    ahead = ahead_work(engine, ledger, inputs)
+    ahead = ahead_work(engine, inputs)
+    backlog = ledger.backlog_s(inputs.now)
     streams = engine.streams()
     foreign = streams - ledger.streams
     context = ledger.stream_tokens + (foreign * inputs.mean_stream_tokens if foreign > 0 else 0.0)
     output = inputs.output
-    through = through_first_token(ahead, own, inputs.chunk_tokens)
-    ttft = costs.prefill_s(through.tokens, through.pairs)
+    through = through_first_token(ahead, own)
+    ttft = backlog + costs.prefill_s(through.tokens, through.pairs)
     stall = costs.prefill_compute_s(own.tokens, own.pairs)
     share = ledger.prefill_share(inputs.now)
     tpot = slowed_by_prefills(
@@ -205,7 +217,8 @@ def decode_candidate(engine: Engine, ledger: EngineLedger, inputs: PlacementInpu
     if kv_overflows(engine, ledger, context, prompt + output.p90):
         meet = 0.0
     return Candidate(
-        engine, ledger, own, through, ttft, stall, share, tpot, streams, context, meet,
+        engine, ledger, own, backlog, ahead, through, ttft, stall, share, tpot, streams, context,
+        meet,
         ttft + output.median * tpot + streams * stall,
     )  # fmt: skip
 
@@ -260,10 +273,11 @@ def _pick(candidates: Sequence[Candidate], first_block_key: int | None) -> Candi
 
 def _prefill_pick(engine: Engine, ledger: EngineLedger, inputs: PlacementInputs) -> PrefillPick:
     own = own_work(engine, inputs)
-    through = through_first_token(ahead_work(engine, ledger, inputs), own, inputs.chunk_tokens)
-    return PrefillPick(
-        engine, ledger, own, through, ledger.costs.prefill_s(through.tokens, through.pairs)
-    )
+    ahead = ahead_work(engine, inputs)
+    backlog = ledger.backlog_s(inputs.now)
+    through = through_first_token(ahead, own)
+    ttft = backlog + ledger.costs.prefill_s(through.tokens, through.pairs)
+    return PrefillPick(engine, ledger, own, backlog, ahead, through, ttft)
 
 
 def _best_prefill(
@@ -308,14 +322,15 @@ def place(
     local = probed or _pick(candidates, inputs.first_block_key)
     target = inputs.target
     q = inputs.meet_threshold
-    chosen, prefill, ttft, meet = local, None, local.ttft_s, local.meet
+    chosen, prefill, ttft, meet, wait = local, None, local.ttft_s, local.meet, 0.0
     probe = False
     separate = [c for c in candidates if not c.engine.colocated]
     if prefillers and separate and disaggregation != "never" and not local.engine.colocated:
         pick, probe = _best_prefill(prefillers, ledger_of, inputs)
         decode = min(separate, key=lambda c: c.tpot_s)
         ledger = decode.ledger
-        pd_ttft = pick.ttft_s + ledger.costs.handoff_s(inputs.prompt_tokens)
+        pd_wait = handoff_wait_s(decode, pick.ttft_s)
+        pd_ttft = pick.ttft_s + pd_wait + ledger.costs.handoff_s(inputs.prompt_tokens)
         pd_ttft_meet = meet_probability(pd_ttft, target.ttft_s, ledger.ttft_sigma())
         if (
             disaggregation == "always"
@@ -324,10 +339,12 @@ def place(
         ):
             tpot_meet = meet_probability(decode.tpot_s, target.tpot_s, ledger.tpot_sigma())
             chosen, prefill, ttft, meet = decode, pick, pd_ttft, pd_ttft_meet * tpot_meet
+            wait = pd_wait
     return Placement(
         chosen,
         prefill,
         ttft,
+        wait,
         meet,
         target.sheddable and meet < q and probed is None and not probe,
         _first(chosen.engine, decoders),

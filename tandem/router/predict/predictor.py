@@ -10,11 +10,17 @@ has left, each observation goes to the model that predicted it:
                                predicted stall
     first byte              -> a stream on the decode engine, with slack
                                max(L - 1, 1) · (T_tpot - step_s(own streams + 1, their tokens))
-    P/D prefill answered    -> prefill model of the prefill engine: (through work, prefill s)
-    first byte, local       -> prefill model of the decode engine: (through work, upstream s)
-    first byte, P/D         -> handoff model of the decode engine: (prompt tokens, handoff s)
-    end of a stream         -> step model of the decode engine: (streams + 1, context, TPOT), with
-                               TPOT = (last event - first byte) / (output events - 1)
+    P/D prefill answered    -> prefill model of the prefill engine: (own work, prefill s)
+    first byte, local       -> prefill model of the decode engine: (own work, upstream s)
+                               (both only when no work was predicted ahead of it: a sample of
+                               the engine's pace, not of how a queue drained)
+    first byte, P/D         -> handoff model of the decode engine: (prompt tokens, handoff s),
+                               when none of this router's prefills was open on it as the
+                               handoff started (a wait behind them is not the handoff's cost)
+    end of a stream         -> step model of the decode engine: (streams + 1, context + its
+                               tokens, TPOT · (1 - min(share, 0.9))), with TPOT = (last event -
+                               first byte) / (output events - 1) and share the prefill share its
+                               prediction was slowed by (the step itself, as the model predicts it)
                             -> output-length model: the stream's output events
     every TTFT and TPOT     -> sigma² ← sigma² + 0.05 · (ln(observed / predicted)² - sigma²) of its engine,
                                and |observed - predicted| / observed into
@@ -29,7 +35,11 @@ its last, so it teaches only the P/D prefill model.
 
 from __future__ import annotations
 
+import json
+import logging
 import math
+import time
+from typing import Any
 
 from tandem.common.routing import PredictiveConfig
 from tandem.router.engines import Engine
@@ -37,8 +47,10 @@ from tandem.router.metrics import RouterMetrics
 from tandem.router.predict.cost_model import EngineCosts
 from tandem.router.predict.ledger import ERROR_WEIGHT, EngineLedger
 from tandem.router.predict.output_length import LengthKeys, LengthPrediction, OutputLengthModel
-from tandem.router.predict.placement import Placement, stream_slack_s
+from tandem.router.predict.placement import MAX_SHARE, Placement, stream_slack_s
 from tandem.router.predict.slo import SloTarget
+
+log = logging.getLogger(__name__)
 
 MEAN_WEIGHT = 0.02  # the running means of request sizes: a window of about 50 requests
 
@@ -70,8 +82,13 @@ class Predictor:
     def ledger(self, engine: Engine) -> EngineLedger:
         ledger = self.ledgers.get(engine.id)
         if ledger is None:
+            config = self.config
             costs = EngineCosts(
-                self._prefill_seed, self._handoff_seed, self._step_seed, self.config.forget
+                self._prefill_seed,
+                self._handoff_seed,
+                self._step_seed,
+                config.forget,
+                config.prefill_chunk_tokens,
             )
             ledger = self.ledgers[engine.id] = EngineLedger(
                 costs, self.config.interference_window_seconds
@@ -97,7 +114,7 @@ class Predictor:
         placement.decode.ledger.last_placed = placement.prefill_ledger.last_placed = now
         if placement.prefill is None:
             placement.decode.ledger.add_prefill(now, placement.decode.stall_s)
-        return Ticket(self, placement, prompt_tokens, output, keys, target, streaming)
+        return Ticket(self, placement, prompt_tokens, output, keys, target, streaming, now)
 
     def observe_error(self, quantity: str, predicted: float, observed: float) -> float:
         """Records |observed - predicted| / observed; returns ln(observed / predicted)²."""
@@ -117,6 +134,8 @@ class Ticket:
     __slots__ = (
         "_first_byte",
         "_first_engine",
+        "_handoff_clean",
+        "_placed_at",
         "_prefill_done",
         "_prefill_held",
         "_prefill_s",
@@ -143,6 +162,7 @@ class Ticket:
         keys: LengthKeys,
         target: SloTarget,
         streaming: bool,
+        now: float,
     ) -> None:
         self.predictor = predictor
         self.placement = placement
@@ -151,10 +171,11 @@ class Ticket:
         self.keys = keys
         self.target = target
         self.streaming = streaming
-        self._queued_on: EngineLedger | None = placement.prefill_ledger
-        self._prefill_held = placement.prefill_work
-        self._queued_on.queued_tokens += self._prefill_held.tokens
-        self._queued_on.queued_pairs += self._prefill_held.pairs
+        queued_on = placement.prefill_ledger
+        self._queued_on: EngineLedger | None = queued_on
+        held = self._prefill_held = placement.prefill_work
+        compute = queued_on.costs.prefill_compute_s(held.tokens, held.pairs)
+        queued_on.queue_work(now, held.tokens, held.pairs, compute)
         self._stream_on: EngineLedger | None = None
         self._slack_key = 0.0
         self._stream_tokens = prompt_tokens + output.median * 0.5
@@ -163,12 +184,14 @@ class Ticket:
         self._first_engine: Engine | None = None
         self._upstream_start: float | None = None
         self._prefill_done: float | None = None
+        self._handoff_clean = False
+        self._placed_at = time.perf_counter()
 
     def _release_queue(self) -> None:
         queued_on = self._queued_on
         if queued_on is not None:
-            queued_on.queued_tokens -= self._prefill_held.tokens
-            queued_on.queued_pairs -= self._prefill_held.pairs
+            held = self._prefill_held
+            queued_on.work_done(time.monotonic(), held.tokens, held.pairs)
             self._queued_on = None
 
     def prefilled(self, handed_off: bool, seconds: float | None) -> None:
@@ -178,6 +201,8 @@ class Ticket:
         self._release_queue()
         if handed_off:
             self._prefill_s = seconds
+            # nothing of this router's is prefilling on the decode engine as the handoff starts
+            self._handoff_clean = self.placement.decode.ledger.queued_tokens <= 0.0
 
     def first_byte(
         self, engine: Engine, now: float, upstream_start: float | None, prefill_done: float | None
@@ -197,6 +222,8 @@ class Ticket:
     def finished(self, output_tokens: int | None, last_event: float | None) -> None:
         """The request is over (answered, failed or abandoned): everything held is given back, and
         what was observed teaches the models that predicted it."""
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("prediction %s", json.dumps(self.explain(output_tokens, last_event)))
         self._release_queue()
         self._learn_prefill()
         ledger = self._stream_on
@@ -208,13 +235,58 @@ class Ticket:
         if output_tokens is not None:
             self._learn_stream(ledger, output_tokens, last_event)
 
+    def explain(self, output_tokens: int | None, last_event: float | None) -> dict[str, Any]:
+        """The predicted TTFT split into its terms beside what was observed (ms; the debug log's
+        line per request): the work ahead and its own (tokens), the prefill part, the wait on
+        the decode engine and the handoff after a P/D prefill,
+        and the observed wait from the plan to the first upstream request, upstream TTFT, P/D
+        prefill, handoff and TPOT. Observed figures missing from the request's path are None."""
+        placement = self.placement
+        decode, prefill = placement.decode, placement.prefill
+        part = prefill if prefill is not None else decode
+        first, start, done = self._first_byte, self._upstream_start, self._prefill_done
+        tpot = None
+        if first is not None and last_event is not None and output_tokens and output_tokens > 1:
+            tpot = (last_event - first) / (output_tokens - 1)
+
+        def ms(seconds: float | None) -> float | None:
+            return None if seconds is None else round(seconds * 1e3, 3)
+
+        return {
+            "route": "local" if prefill is None else "pd",
+            "decode": decode.engine.id,
+            "prefill": None if prefill is None else prefill.engine.id,
+            "prompt": self.prompt_tokens,
+            "own": part.own.tokens,
+            "ahead": part.ahead.tokens,
+            "backlog_ms": ms(part.backlog_s),
+            "through": part.through.tokens,
+            "streams": decode.streams,
+            "output": output_tokens,
+            "ttft_ms": ms(placement.ttft_s),
+            "prefill_ms": ms(part.ttft_s),
+            "decode_ahead": decode.ahead.tokens,
+            "decode_backlog_ms": ms(decode.backlog_s),
+            "wait_ms": ms(placement.handoff_wait_s),
+            "handoff_ms": None
+            if prefill is None
+            else ms(placement.ttft_s - prefill.ttft_s - placement.handoff_wait_s),
+            "tpot_ms": ms(decode.tpot_s),
+            "wait_obs_ms": ms(None if start is None else start - self._placed_at),
+            "ttft_obs_ms": ms(None if first is None or start is None else first - start),
+            "prefill_obs_ms": ms(self._prefill_s),
+            "handoff_obs_ms": ms(None if first is None or done is None else first - done),
+            "tpot_obs_ms": ms(tpot),
+        }
+
     def _learn_prefill(self) -> None:
         prefill, seconds = self.placement.prefill, self._prefill_s
         if prefill is None or seconds is None:
             return
         self._prefill_s = None
         ledger = prefill.ledger
-        ledger.costs.observe_prefill(prefill.through.tokens, prefill.through.pairs, seconds)
+        if prefill.ahead.tokens <= 0.0 and prefill.backlog_s <= 0.0:
+            ledger.costs.observe_prefill(prefill.own.tokens, prefill.own.pairs, seconds)
         squared = self.predictor.observe_error("prefill", prefill.ttft_s, seconds)
         ledger.ttft_squared_log_error += ERROR_WEIGHT * (squared - ledger.ttft_squared_log_error)
 
@@ -227,9 +299,10 @@ class Ticket:
             return  # retried on another engine: not what was predicted
         observed = first - start
         if placement.prefill is None:
-            through = placement.decode.through
-            ledger.costs.observe_prefill(through.tokens, through.pairs, observed)
-        elif self._prefill_done is not None:
+            decode = placement.decode
+            if decode.ahead.tokens <= 0.0 and decode.backlog_s <= 0.0:
+                ledger.costs.observe_prefill(decode.own.tokens, decode.own.pairs, observed)
+        elif self._prefill_done is not None and self._handoff_clean:
             ledger.costs.observe_handoff(self.prompt_tokens, first - self._prefill_done)
         squared = self.predictor.observe_error("ttft", placement.ttft_s, observed)
         ledger.ttft_squared_log_error += ERROR_WEIGHT * (squared - ledger.ttft_squared_log_error)
@@ -251,7 +324,11 @@ class Ticket:
         tpot = (last_event - first) / (output_tokens - 1)
         decode = self.placement.decode
         if ledger is decode.ledger:
-            ledger.costs.observe_step(decode.streams + 1, decode.context + self.prompt_tokens, tpot)
+            # the step the prediction divided by (1 - share): the sample without that slowdown
+            step = tpot * (1.0 - min(decode.share, MAX_SHARE))
+            ledger.costs.observe_step(
+                decode.streams + 1, decode.context + self._stream_tokens, step
+            )
             squared = predictor.observe_error("tpot", decode.tpot_s, tpot)
             ledger.tpot_squared_log_error += ERROR_WEIGHT * (
                 squared - ledger.tpot_squared_log_error
