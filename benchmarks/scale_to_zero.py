@@ -25,32 +25,15 @@ import threading
 import time
 from pathlib import Path
 
-import httpx
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from tandem.bench.first_token import first_content_s  # noqa: E402
 from tandem.common.ports import free_port  # noqa: E402
 
 
 def first_token_s(port: int, prompt: str) -> tuple[float, str]:
-    body = {
-        "model": "llama-8b",
-        "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": 8,
-        "stream": True,
-    }
-    start = time.monotonic()
-    url = f"http://127.0.0.1:{port}/v1/chat/completions"
-    with httpx.stream("POST", url, json=body, timeout=300) as response:
-        if response.status_code != 200:
-            raise RuntimeError(f"HTTP {response.status_code}: {response.read()!r}")
-        first = None
-        for line in response.iter_lines():
-            if first is None and '"content"' in line:
-                first = time.monotonic() - start
-        if first is None:
-            raise RuntimeError("no content chunk")
-        return first, response.headers["x-tandem-route"]
+    seconds, headers = first_content_s(port, "llama-8b", prompt)
+    return seconds, headers["x-tandem-route"]
 
 
 def main() -> int:

@@ -17,32 +17,13 @@ import httpx
 import pytest
 from test_local_up import alive, descendants
 
+from tandem.bench.first_token import first_content_s
 from tandem.common.ports import free_port
 from tandem.local.zero import RouterCounts, router_demand
 
 pytestmark = pytest.mark.timeout(240)
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 LONG = " ".join(["word"] * 600)  # past minUncachedTokens: P/D pays for it
-
-
-def first_token_s(port: int, prompt: str) -> tuple[float, httpx.Headers]:
-    """Seconds from sending a streamed request to its first content chunk, and the headers."""
-    body = {
-        "model": "llama-8b",
-        "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": 8,
-        "stream": True,
-    }
-    start = time.monotonic()
-    url = f"http://127.0.0.1:{port}/v1/chat/completions"
-    with httpx.stream("POST", url, json=body, timeout=120) as response:
-        assert response.status_code == 200, response.read()
-        first: float | None = None
-        for line in response.iter_lines():
-            if first is None and '"content"' in line:
-                first = time.monotonic() - start
-        assert first is not None
-        return first, response.headers
 
 
 class Lines:
@@ -97,7 +78,7 @@ def test_idle_cluster_goes_to_zero_and_wakes_on_a_request(tmp_path: Path) -> Non
     try:
         output.wait_for("ready", 90)
         children = descendants(process.pid)
-        warm_s, headers = first_token_s(port, LONG)
+        warm_s, headers = first_content_s(port, "llama-8b", LONG)
         assert headers["x-tandem-route"] == "disaggregated"
 
         # Idle: both pools go to zero together, the router stays up.
@@ -111,14 +92,14 @@ def test_idle_cluster_goes_to_zero_and_wakes_on_a_request(tmp_path: Path) -> Non
         # A request now is held, decode wakes first and serves it.
         # (A prompt the engines never saw: the router's index still lists the blocks the stopped
         # engines held, which would make a repeated prompt look cached.)
-        cold_s, headers = first_token_s(port, LONG.replace("word", "cold"))
+        cold_s, headers = first_content_s(port, "llama-8b", LONG.replace("word", "cold"))
         assert headers["x-tandem-route"] == "local"
         # The long prompt went to decode only for want of a prefill engine: prefill wakes.
         output.wait_for("prefill: 0 -> 1", 30)
         deadline = time.monotonic() + 60
         route = ""
         while route != "disaggregated" and time.monotonic() < deadline:
-            _, headers = first_token_s(port, f"{time.monotonic()} {LONG}")
+            _, headers = first_content_s(port, "llama-8b", f"{time.monotonic()} {LONG}")
             route = headers["x-tandem-route"]
             time.sleep(0.5)
         assert route == "disaggregated"

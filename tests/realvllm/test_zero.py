@@ -13,34 +13,14 @@ import threading
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 from harness import EXAMPLE, VLLM_PYTHON
 from tandem_process import MODEL_DIR, ROOT
 
+from tandem.bench.first_token import first_content_s
 from tandem.common.ports import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
-
-
-def first_token_s(port: int, prompt: str) -> tuple[float, str]:
-    """Seconds to the first streamed content chunk of a chat request, and the route taken."""
-    body = {
-        "model": "tiny",
-        "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": 4,
-        "stream": True,
-    }
-    start = time.monotonic()
-    url = f"http://127.0.0.1:{port}/v1/chat/completions"
-    with httpx.stream("POST", url, json=body, timeout=600) as response:
-        assert response.status_code == 200, response.read()
-        first = None
-        for line in response.iter_lines():
-            if first is None and line.startswith("data: {"):
-                first = time.monotonic() - start
-        assert first is not None
-        return first, response.headers["x-tandem-route"]
 
 
 def test_real_vllm_engines_stop_when_idle_and_start_for_a_held_request(tmp_path: Path) -> None:
@@ -83,13 +63,16 @@ def test_real_vllm_engines_stop_when_idle_and_start_for_a_held_request(tmp_path:
     try:
         wait_for("ready", 600)
         prompt = "Hello from a cluster at zero! " * 20
-        warm_s, route = first_token_s(port, prompt)
-        assert route == "disaggregated"
+        warm_s, headers = first_content_s(port, "tiny", prompt, 4, 600)
+        assert headers["x-tandem-route"] == "disaggregated"
         wait_for("decode: 1 -> 0", 120)
         wait_for_engines_gone = time.monotonic() + 120
         while "prefill: 1 -> 0" not in "".join(seen) and time.monotonic() < wait_for_engines_gone:
             time.sleep(0.5)
-        cold_s, route = first_token_s(port, "A new question after the idle window. " * 20)
+        cold_s, headers = first_content_s(
+            port, "tiny", "A new question after the idle window. " * 20, 4, 600
+        )
+        route = headers["x-tandem-route"]
         print(f"real vLLM TTFT warm {warm_s:.2f}s, from zero {cold_s:.2f}s (route {route})")
         # The wake was printed before the answer; read tandem up's output up to it.
         wait_for("decode: 0 -> 1", 60)
