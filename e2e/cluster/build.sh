@@ -18,6 +18,10 @@ export CGO_ENABLED=0
 # through the module proxy instead of failing.
 export GOTOOLCHAIN="${GOTOOLCHAIN_OVERRIDE:-go1.26.8+auto}"
 mkdir -p "$BIN" "$GOMODCACHE" "$GOCACHE"
+# One build at a time per cache: a second run (another checkout on this machine) waits, then finds
+# the binaries built instead of compiling everything again beside the first.
+exec 9>"$CACHE/cluster-build.lock"
+flock 9
 
 log() { printf '[cluster-binaries] %s\n' "$*" >&2; }
 
