@@ -16,18 +16,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import queue
 import signal
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from tandem.bench.first_token import first_content_s  # noqa: E402
+from tandem.bench.first_token import OutputLines, first_content_s  # noqa: E402
 from tandem.common.ports import free_port  # noqa: E402
 
 
@@ -56,21 +54,7 @@ def main() -> int:
     up = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT
     )
-    lines: queue.Queue[str] = queue.Queue()
-    assert up.stdout is not None
-    stdout = up.stdout
-    threading.Thread(target=lambda: [lines.put(x) for x in stdout], daemon=True).start()
-
-    def wait_for(needle: str, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                line = lines.get(timeout=left)
-            except queue.Empty:
-                break
-            if needle in line:
-                return
-        raise RuntimeError(f"no {needle!r} from tandem up within {timeout_s:g}s")
+    wait_for = OutputLines(up).wait_for
 
     words = " ".join(["token"] * args.prompt_words)
     cold: list[float] = []

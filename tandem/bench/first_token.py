@@ -1,11 +1,45 @@
-"""Time to first token of one streamed chat request: the probe of a scale-from-zero measurement
-(benchmarks/scale_to_zero.py) and of the tests that wake a cluster with a request."""
+"""The probes of a scale-from-zero measurement (benchmarks/scale_to_zero.py) and of the tests that
+wake a cluster with a request: time to first token of one streamed chat request, and `tandem up`'s
+output lines waited for with a bound."""
 
 from __future__ import annotations
 
+import queue
+import subprocess
+import threading
 import time
+from typing import IO
 
 import httpx
+
+
+class OutputLines:
+    """A process's output, read on a thread so a wait for a line is bounded in time; `seen` holds
+    every line read so far."""
+
+    def __init__(self, process: subprocess.Popen[str]) -> None:
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.seen: list[str] = []
+        assert process.stdout is not None
+        threading.Thread(target=self._read, args=(process.stdout,), daemon=True).start()
+
+    def _read(self, stdout: IO[str]) -> None:
+        for line in stdout:
+            self.lines.put(line)
+
+    def wait_for(self, needle: str, timeout_s: float) -> str:
+        """The first line read from now on that contains `needle`; RuntimeError with the output
+        seen after `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = self.lines.get(timeout=left)
+            except queue.Empty:
+                break
+            self.seen.append(line)
+            if needle in line:
+                return line
+        raise RuntimeError(f"no {needle!r} within {timeout_s:g}s:\n{''.join(self.seen)}")
 
 
 def first_content_s(

@@ -5,11 +5,9 @@ prompt long enough for P/D comes. Real processes over 127.0.0.1."""
 from __future__ import annotations
 
 import os
-import queue
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -17,36 +15,13 @@ import httpx
 import pytest
 from test_local_up import alive, descendants
 
-from tandem.bench.first_token import first_content_s
+from tandem.bench.first_token import OutputLines, first_content_s
 from tandem.common.ports import free_port
 from tandem.local.zero import RouterCounts, router_demand
 
 pytestmark = pytest.mark.timeout(240)
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 LONG = " ".join(["word"] * 600)  # past minUncachedTokens: P/D pays for it
-
-
-class Lines:
-    """The output of `tandem up`, read on a thread so a wait for a line is bounded in time."""
-
-    def __init__(self, process: subprocess.Popen[str]) -> None:
-        self.lines: queue.Queue[str] = queue.Queue()
-        self.seen: list[str] = []
-        assert process.stdout is not None
-        stdout = process.stdout
-        threading.Thread(target=lambda: [self.lines.put(x) for x in stdout], daemon=True).start()
-
-    def wait_for(self, needle: str, timeout_s: float) -> str:
-        deadline = time.monotonic() + timeout_s
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                line = self.lines.get(timeout=left)
-            except queue.Empty:
-                break
-            self.seen.append(line)
-            if needle in line:
-                return line
-        raise AssertionError(f"no {needle!r} from tandem up:\n{''.join(self.seen)}")
 
 
 def engines_of(root: int) -> list[int]:
@@ -74,7 +49,7 @@ def test_idle_cluster_goes_to_zero_and_wakes_on_a_request(tmp_path: Path) -> Non
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
     )
     children: set[int] = set()
-    output = Lines(process)
+    output = OutputLines(process)
     try:
         output.wait_for("ready", 90)
         children = descendants(process.pid)

@@ -5,11 +5,9 @@ vLLM engines start again, and is answered; the time to its first token is measur
 from __future__ import annotations
 
 import os
-import queue
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -17,7 +15,7 @@ import pytest
 from harness import EXAMPLE, VLLM_PYTHON
 from tandem_process import MODEL_DIR, ROOT
 
-from tandem.bench.first_token import first_content_s
+from tandem.bench.first_token import OutputLines, first_content_s
 from tandem.common.ports import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -43,22 +41,9 @@ def test_real_vllm_engines_stop_when_idle_and_start_for_a_held_request(tmp_path:
         text=True,
         env={**os.environ, "COLUMNS": "200", "PYTHONUNBUFFERED": "1"},
     )  # fmt: skip
-    lines: queue.Queue[str] = queue.Queue()
-    seen: list[str] = []
-    assert up.stdout is not None
-    stdout = up.stdout
-    threading.Thread(target=lambda: [lines.put(x) for x in stdout], daemon=True).start()
-
-    def wait_for(needle: str, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                seen.append(lines.get(timeout=left))
-            except queue.Empty:
-                break
-            if needle in seen[-1]:
-                return
-        raise AssertionError(f"no {needle!r} from tandem up:\n{''.join(seen)}")
+    output = OutputLines(up)
+    seen = output.seen
+    wait_for = output.wait_for
 
     try:
         wait_for("ready", 600)
