@@ -146,13 +146,29 @@ class Router(Proc):
 
 @contextlib.contextmanager
 def running(*procs: Proc) -> Iterator[None]:
+    """The processes ready for the body, stopped after it; when the body fails, each one's last
+    log lines are printed (pytest shows them with the failure)."""
     try:
         for proc in procs:
             proc.wait_ready()
         yield
+    except BaseException:
+        for proc in procs:
+            print(f"--- {proc.name} ({proc.url}), last output:\n{proc.output()}")
+        raise
     finally:
         for proc in procs:
             proc.stop()
+
+
+def wait_all_healthy(front: Proc, timeout: float = 20.0) -> None:
+    """Until the router's (or gateway's) monitor has seen every engine answer: one started beside
+    its engines may first find them refusing connections, and a request before they answer is
+    prefilled locally or refused."""
+    wait_until(
+        lambda: all(e["healthy"] for e in httpx.get(f"{front.url}/engines", timeout=5).json()),
+        timeout,
+    )
 
 
 def wait_until(ready: Callable[[], bool], timeout: float = 10.0) -> None:

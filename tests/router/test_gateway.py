@@ -21,6 +21,7 @@ from router_harness import (
     metric,
     metrics,
     running,
+    wait_all_healthy,
     wait_until,
 )
 from tandem_process import GOLDEN
@@ -38,7 +39,10 @@ class Gateway(Proc):
         super().__init__("gateway", args, port)
 
     def wait_ready(self, path: str = "/health", timeout: float = 30.0) -> None:
+        """/health answers 200 (one decode engine is healthy), and every engine of every model
+        is healthy in the gateway's view."""
         super().wait_ready(path, timeout, ready=lambda status: status == 200)
+        wait_all_healthy(self, timeout)
 
 
 def endpoint(engine: Engine) -> dict[str, Any]:

@@ -5,8 +5,6 @@ does; real vLLM with the operator's `recompute` policy is tests/realvllm/test_fa
 
 from __future__ import annotations
 
-import time
-
 import httpx
 import pytest
 from prefill_standin import PrefillStandIn
@@ -18,18 +16,10 @@ from router_harness import (
     metric,
     metrics,
     running,
+    wait_all_healthy,
 )
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def wait_all_healthy(router: Router, timeout_s: float = 20.0) -> None:
-    """Until the router's monitor has seen both engines answer (a request before that is
-    prefilled locally or refused)."""
-    deadline = time.monotonic() + timeout_s
-    while not all(e["healthy"] for e in httpx.get(f"{router.url}/engines", timeout=5).json()):
-        assert time.monotonic() < deadline, "engines never healthy in the router's view"
-        time.sleep(0.1)
 
 
 @pytest.mark.parametrize("stream", [False, True])
