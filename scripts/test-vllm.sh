@@ -9,7 +9,7 @@ PYTHON=${PYTHON:-.venv/bin/python}
 VLLM_PYTHON=$(scripts/ensure-vllm.sh | tail -n 1)
 export TANDEM_VLLM_PYTHON=$VLLM_PYTHON
 # One wall-clock bound for the whole tier, lock wait included: nothing here may hang CI.
-exec timeout --kill-after=30 "${TANDEM_VLLM_TIER_TIMEOUT_S:-1800}" \
+exec timeout --kill-after=30 "${TANDEM_VLLM_TIER_TIMEOUT_S:-2700}" \
     flock /tmp/tandem-realvllm.lock \
     unshare --net -- bash -c 'ip link set lo up && exec "$0" -m pytest -p no:cacheprovider tests/realvllm "$@"' \
     "$PYTHON" "$@"

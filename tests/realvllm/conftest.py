@@ -65,6 +65,14 @@ def pd_cluster(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
         cluster.stop()
 
 
+@pytest.fixture(autouse=True)
+def _pair_serving(request: pytest.FixtureRequest) -> None:
+    """A test module that uses the shared pair starts with its running engines serving, not
+    merely answering /health."""
+    if "pd_cluster" in request.fixturenames:
+        request.getfixturevalue("pd_cluster").ensure_serving(request.module.__name__)
+
+
 @pytest.fixture
 def pd(pd_cluster: PDCluster) -> PDCluster:
     """The pair, both engines healthy."""

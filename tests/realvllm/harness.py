@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -212,6 +213,22 @@ class EngineProcess:
             return httpx.get(f"{self.url}/health", timeout=2).status_code == 200
         return False
 
+    def serves(self, headers: dict[str, str]) -> str | None:
+        """None when the engine renders its /metrics and answers a one-token completion within
+        their bounds (a /health of 200 does not prove either: an engine core stuck on a request
+        still passes it); else what failed."""
+        try:
+            metrics = httpx.get(f"{self.url}/metrics", headers=headers, timeout=10)
+            body = {"model": "tiny", "prompt": "hi", "max_tokens": 1}
+            answer = httpx.post(
+                f"{self.url}/v1/completions", json=body, headers=headers, timeout=60
+            )
+        except httpx.HTTPError as exc:
+            return f"{type(exc).__name__}: {exc}"
+        if metrics.status_code != 200 or answer.status_code != 200:
+            return f"/metrics {metrics.status_code}, completion {answer.status_code}: {answer.text}"
+        return None
+
     def wait_healthy(self, timeout_s: float = STARTUP_S) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -364,6 +381,7 @@ class PDCluster:
         self.run_dir = run_dir
         self.prefill, self.decode = (EngineProcess(s, run_dir) for s in plan.engines)
         self.routers: list[Router] = []
+        self.checked_for = ""  # the test module `ensure_serving` last checked the engines for
         PDCluster.pairs.append(self)
 
     def stop_others(self) -> None:
@@ -382,6 +400,30 @@ class PDCluster:
             engine.stop()
             engine.start()
         for engine in dead:
+            engine.wait_healthy()
+
+    def ensure_serving(self, module: str) -> None:
+        """Once per test `module`: each running engine serving (`EngineProcess.serves`). One that
+        stopped serving is restarted, its log's last lines kept in the run folder and reported, so
+        that the cause is seen where it happened and the module does not inherit a stuck engine."""
+        if module == self.checked_for:
+            return
+        self.checked_for = module
+        key = self.plan.router_config.auth.engine_key
+        headers = {"authorization": f"Bearer {key}"} if key else {}
+        for engine in (self.prefill, self.decode):
+            problem = engine.serves(headers) if engine.alive() else None
+            if problem is None:
+                continue
+            kept = self.run_dir / f"{engine.spec.name}-stuck-{time.strftime('%H%M%S')}.log"
+            kept.write_text(failure_excerpt(engine.log_text(), tail_lines=200))
+            warnings.warn(
+                f"{engine.spec.name} stopped serving before {module} ({problem}); restarted. "
+                f"Its log: {kept}",
+                stacklevel=2,
+            )
+            engine.stop()
+            engine.start()
             engine.wait_healthy()
 
     def router(self, name: str = "router", **changes: object) -> Router:
