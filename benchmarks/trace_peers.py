@@ -22,8 +22,17 @@ SMG_PACKAGE = "smg==1.13.0"
 
 
 def ensure_smg() -> None:
-    if not (PEERS / "bin" / "smg").exists():
-        subprocess.run([str(PEERS / "bin" / "pip"), "install", "-q", SMG_PACKAGE], check=True)
+    """SMG 1.13.0 as `bin/smg`. sglang-router installs a `bin/smg` of its own (sglang-router
+    under another name), so the file's presence proves nothing: its version decides, and the
+    package is reinstalled over sglang-router's script when it is not SMG's."""
+    smg = PEERS / "bin" / "smg"
+    version = SMG_PACKAGE.split("==")[1]
+    if smg.exists():
+        shown = subprocess.run([str(smg), "--version"], capture_output=True, text=True)
+        if shown.stdout.split() == ["smg", version]:
+            return
+    pip = [str(PEERS / "bin" / "pip"), "install", "-q", "--force-reinstall"]
+    subprocess.run([*pip, SMG_PACKAGE], check=True)
 
 
 # -- llm-d: the EPP behind Envoy -----------------------------------------------------------------
