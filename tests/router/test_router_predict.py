@@ -35,7 +35,7 @@ from tandem.router.predict.placement import (
     stream_slack_s,
     through_first_token,
 )
-from tandem.router.predict.predictor import Predictor
+from tandem.router.predict.predictor import MIN_TPOT_TOKENS, Predictor
 from tandem.router.predict.slo import SloTarget, meet_probability, slo_class, slo_target
 from tandem.router.relay import completion_tokens
 
@@ -543,6 +543,26 @@ def test_ticket_holds_and_gives_back_and_teaches() -> None:
         assert f'tandem_router_prediction_error_ratio_count{{quantity="{quantity}"}} 1.0' in text
     ticket.finished(None, None)  # a second end gives nothing back twice
     assert ledger.streams == 0
+
+
+def test_a_short_answer_teaches_and_scores_no_tpot() -> None:
+    """Three tokens whose events came in one read: a TPOT near zero is not a step's cost."""
+    metrics = RouterMetrics()
+    predictor = Predictor(PredictiveConfig(), metrics)
+    d = engine("d", "decode")
+    keys = length_keys(False, 3, 500, None)
+    output = predictor.lengths.predict(keys, 3)
+    target = SloTarget(0.2, 0.05, False)
+    inputs = PlacementInputs(500, 16, {}, output, target, 0.5, 0.3, 1000.0, 1e6, 1000.0, 100.0)
+    placement = place([d], [], predictor.ledger, inputs, "auto")
+    step = predictor.ledger(d).costs.step_s(1, 500)
+    ticket = predictor.ticket(placement, 500, output, keys, target, True, 100.0)
+    ticket.first_byte(d, now=10.1, upstream_start=10.0, prefill_done=None)
+    ticket.finished(output_tokens=MIN_TPOT_TOKENS - 1, last_event=10.1 + 1e-5)
+    assert predictor.ledger(d).costs.step_s(1, 500) == step
+    text = metrics.render().decode()
+    assert 'prediction_error_ratio_count{quantity="tpot"}' not in text
+    assert 'prediction_error_ratio_count{quantity="output_tokens"} 1.0' in text
 
 
 def test_ticket_of_an_abandoned_request_gives_back_its_queue() -> None:

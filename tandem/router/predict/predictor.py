@@ -20,7 +20,8 @@ has left, each observation goes to the model that predicted it:
     end of a stream         -> step model of the decode engine: (streams + 1, context + its
                                tokens, TPOT · (1 - min(share, 0.9))), with TPOT = (last event -
                                first byte) / (output events - 1) and share the prefill share its
-                               prediction was slowed by (the step itself, as the model predicts it)
+                               prediction was slowed by (the step itself, as the model predicts it);
+                               answers of fewer than MIN_TPOT_TOKENS events give no TPOT sample
                             -> output-length model: the stream's output events
     every TTFT and TPOT     -> sigma² ← sigma² + 0.05 · (ln(observed / predicted)² - sigma²) of its engine,
                                and |observed - predicted| / observed into
@@ -53,6 +54,9 @@ from tandem.router.predict.slo import SloTarget
 log = logging.getLogger(__name__)
 
 MEAN_WEIGHT = 0.02  # the running means of request sizes: a window of about 50 requests
+# An answer of fewer tokens teaches and scores no TPOT: one or two gaps are mostly jitter, and a
+# short answer whose events arrive in one read shows a TPOT near zero (an error of ~100 %).
+MIN_TPOT_TOKENS = 4
 
 
 class Predictor:
@@ -319,7 +323,12 @@ class Ticket:
         predictor.observe_error("output_tokens", self.output.median, output_tokens)
         lengths.observe(self.keys, self.output, output_tokens)
         first = self._first_byte
-        if output_tokens < 2 or last_event is None or first is None or last_event <= first:
+        if (
+            output_tokens < MIN_TPOT_TOKENS
+            or last_event is None
+            or first is None
+            or last_event <= first
+        ):
             return
         tpot = (last_event - first) / (output_tokens - 1)
         decode = self.placement.decode
