@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
-from emu_harness import TINY_ARGS, Emulator, emulator
+from emu_harness import TINY_ARGS, Emulator, emulator, metric_value
 from test_emulator_pd_nixl import do_decode, do_prefill, pd_engines
 
 from tandem.emulator.shutdown import REFUSAL
@@ -28,6 +28,11 @@ SLOW = ["--speedup", "1"]
 def _sigterm(engine: Emulator) -> float:
     engine.proc.send_signal(signal.SIGTERM)
     return time.monotonic()
+
+
+def _running(engine: Emulator) -> float:
+    text = httpx.get(f"{engine.url}/metrics", timeout=10).text
+    return metric_value(text, "vllm:num_requests_running{")
 
 
 def _body(stream: bool) -> dict[str, Any]:
@@ -101,6 +106,11 @@ def test_shutdown_timeout_finishes_in_flight_requests_and_refuses_new_ones() -> 
     with emulator([*TINY_ARGS, *SLOW, "--shutdown-timeout", "30"]) as engine:
         flight = Flight(engine)
         assert flight.streaming.wait(30)
+        # both requests in the engine before the signal (the plain one's thread may start late)
+        deadline = time.monotonic() + 30
+        while _running(engine) < 2:
+            assert time.monotonic() < deadline, "the plain request never reached the engine"
+            time.sleep(0.05)
         sent = _sigterm(engine)
         time.sleep(0.3)
         refused = httpx.post(f"{engine.url}/v1/completions", json=_body(False), timeout=10)
