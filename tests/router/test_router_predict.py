@@ -209,16 +209,34 @@ def behind(ledger: EngineLedger, tokens: float) -> None:
     ledger.queue_work(100.0, tokens, 0.0, ledger.costs.prefill_compute_s(tokens, 0.0))
 
 
-def ledger_table() -> tuple[dict[str, EngineLedger], Callable[[Engine], EngineLedger]]:
+def ledger_table(
+    known: bool = True,
+) -> tuple[dict[str, EngineLedger], Callable[[Engine], EngineLedger]]:
+    """Ledgers of engines whose costs are the seeds; `known`: as if already observed at them."""
     ledgers: dict[str, EngineLedger] = {}
 
     def ledger_of(e: Engine) -> EngineLedger:
         if e.id not in ledgers:
             costs = EngineCosts((0.005, 0.025, 0.0), (0.005, 0.003), (0.006, 0.0, 0.0), 0.98)
+            costs.prefill.samples = int(known)
             ledgers[e.id] = EngineLedger(costs, 1.0)
         return ledgers[e.id]
 
     return ledgers, ledger_of
+
+
+def test_a_prefill_engine_of_unknown_pace_takes_one_request_at_a_time() -> None:
+    """A burst before the first answer is not sent whole to an engine known only by its seed."""
+    _, ledger_of = ledger_table(known=False)
+    d, p = engine("d", "decode"), engine("p", "prefill")
+    behind(ledger_of(d), 8000)  # local is far behind: P/D is predicted faster
+    inputs = inputs_for(2000, ttft_ms=1000)
+    assert place([d], [p], ledger_of, inputs, "auto").prefill is not None
+    ledger_of(p).prefills_open = 1  # that first request has not ended
+    assert place([d], [p], ledger_of, inputs, "auto").prefill is None
+    assert place([d], [p], ledger_of, inputs, "always").prefill is not None
+    ledger_of(p).costs.observe_prefill(2000, 0.0, 0.055)  # answered at the seed's pace
+    assert place([d], [p], ledger_of, inputs, "auto").prefill is not None
 
 
 def inputs_for(
@@ -521,6 +539,7 @@ def test_ticket_holds_and_gives_back_and_teaches() -> None:
     ledger = predictor.ledger(d)
     ticket = predictor.ticket(placement, 2000, output, keys, target, True, 100.0)
     assert ledger.queued_tokens == 2000
+    assert ledger.prefills_open == 1
     assert ledger.queued_pairs == 2e6
     assert ledger.prefill_share(100.0) == pytest.approx(placement.decode.stall_s)
     before = ledger.costs.prefill_s(2000, 2e6)
@@ -541,8 +560,10 @@ def test_ticket_holds_and_gives_back_and_teaches() -> None:
     text = metrics.render().decode()
     for quantity in ("ttft", "tpot", "output_tokens", "output_tokens_mean"):
         assert f'tandem_router_prediction_error_ratio_count{{quantity="{quantity}"}} 1.0' in text
+    assert ledger.prefills_open == 0
     ticket.finished(None, None)  # a second end gives nothing back twice
     assert ledger.streams == 0
+    assert ledger.prefills_open == 0
 
 
 def test_a_short_answer_teaches_and_scores_no_tpot() -> None:

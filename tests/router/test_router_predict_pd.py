@@ -9,6 +9,7 @@ seeds are optimistic (1 ms per 1,000 tokens), so an engine is tried before it is
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,8 +17,11 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from router_harness import DEBUG, Engine, Router, metric, metrics, running
+from router_harness import DEBUG, Engine, Router, metric, metrics, running, wait_all_healthy
+from tandem_process import MODEL_DIR
 
+from tandem.bench.main import main as bench
+from tandem.bench.records import BenchRecord
 from tandem.emulator.profile import PROFILES_DIR, default_profile_name
 
 pytestmark = pytest.mark.timeout(180)
@@ -44,7 +48,7 @@ TTFT_TARGET_MS = 250
 REQUESTS = 8
 
 
-def predictive_config(tmp_path: Path) -> Path:
+def predictive_config(tmp_path: Path, **predictive: object) -> Path:
     path = tmp_path / "router.yaml"
     seeds = {
         "prefillBaseMs": 1.0,
@@ -55,7 +59,7 @@ def predictive_config(tmp_path: Path) -> Path:
     config = {
         "servedModelName": "tiny",
         "static": {},
-        "scoring": {"policy": "predictive", "predictive": seeds},
+        "scoring": {"policy": "predictive", "predictive": {**seeds, **predictive}},
     }
     path.write_text(yaml.safe_dump(config))
     return path
@@ -123,6 +127,53 @@ def test_a_prefill_pool_behind_is_a_predicted_wait_and_requests_stay_local(
     assert seen.count("disaggregated") <= 1, seen
     assert seen[-6:] == ["local"] * 6, seen
     assert metric(text, "tandem_router_decisions_total", decision="disaggregated") <= 1
+
+
+def test_a_bursty_trace_replay_stays_local_while_the_prefill_pool_is_behind(
+    decode: Engine, tmp_path: Path
+) -> None:
+    """`tandem bench --trace` replays a Mooncake-format trace through the router: three bursts of
+    four long prompts, no prefix shared, every request under the default SLO class's TTFT target.
+    The prefill engine is far behind (a twentieth of the H200 pace), so after at most one try the
+    predicted wait there keeps every request on the decode engine, bursts included."""
+    rows = [
+        {
+            "timestamp": 1000 * burst,
+            "input_length": 2000,
+            "output_length": 4,
+            "hash_ids": [1000 * burst + 10 * i + k for k in range(4)],
+        }
+        for burst in range(3)
+        for i in range(4)
+    ]
+    trace = tmp_path / "bursts.jsonl"
+    trace.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    classes = [{"minPriority": -100, "ttftMs": TTFT_TARGET_MS * 4}]
+    prefill = Engine("prefill", speedup=0.05)
+    router = Router(
+        [
+            "--config",
+            str(predictive_config(tmp_path, sloClasses=classes)),
+            "--prefill",
+            prefill.url,
+            "--decode",
+            decode.url,
+        ]
+    )
+    with running(prefill, router):
+        wait_all_healthy(router)
+        out = tmp_path / "bench"
+        args = [router.url, "--trace", str(trace), "--tokenizer", str(MODEL_DIR), "--warmup", "0",
+                "--trace-block-tokens", "512", "--quiet", "--no-plots", "--out", str(out)]  # fmt: skip
+        assert bench(args) == 0
+        text = metrics(router.url)
+    record = BenchRecord.load(out / "A.json")
+    assert record.summary.ok == len(rows)
+    disaggregated = metric(text, "tandem_router_decisions_total", decision="disaggregated")
+    local = metric(text, "tandem_router_decisions_total", decision="local")
+    assert disaggregated <= 1, text
+    assert local >= len(rows) - 1, text
+    assert metric(text, "tandem_router_prediction_error_ratio_count", quantity="ttft") == len(rows)
 
 
 def test_a_sheddable_request_that_cannot_meet_its_target_is_refused(

@@ -98,10 +98,11 @@ def prior_variance() -> list[float]:
 class ScaledSeed:
     """y = a + κ · s(x) (module docstring)."""
 
-    __slots__ = ("fit",)
+    __slots__ = ("fit", "samples")
 
     def __init__(self, forget: float) -> None:
         self.fit = OnlineLinear((0.0, 1.0), prior_variance(), forget)
+        self.samples = 0  # observations so far: 0 while the engine is known only by its seed
 
     @property
     def theta(self) -> list[float]:
@@ -118,6 +119,7 @@ class ScaledSeed:
 
     def observe(self, seed_s: float, seconds: float) -> None:
         self.fit.update((1.0, seed_s), seconds)
+        self.samples += 1
 
 
 class EngineCosts:

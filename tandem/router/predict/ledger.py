@@ -12,6 +12,8 @@ is
 (the part of a request already computed no longer counts, as its tokens in `queued_tokens` would),
 and when the last of this router's prefills there finishes, busy_until comes back to that moment
 (min(busy_until, t): an engine faster than predicted does not keep a backlog it has cleared).
+`prefills_open` counts this router's requests prefilled there that have not ended (the models
+learn from a request when it ends).
 `streams`, `stream_tokens` and `stream_output_tokens` describe this router's requests decoding
 there (count, prompt plus half their predicted output, and predicted output).
 `prefill_share` is the part of the engine's time that the prefills this router placed there take,
@@ -55,6 +57,7 @@ class EngineLedger:
         "busy_until",
         "costs",
         "last_placed",
+        "prefills_open",
         "queued_pairs",
         "queued_tokens",
         "share_window_s",
@@ -73,6 +76,7 @@ class EngineLedger:
         self._share_at = 0.0
         self.queued_tokens = 0.0
         self.queued_pairs = 0.0
+        self.prefills_open = 0  # this router's requests prefilled here that have not ended yet
         self.busy_until = 0.0  # monotonic seconds: the end of the predicted backlog
         self.streams = 0
         self.stream_tokens = 0.0

@@ -53,6 +53,10 @@ its targets (T_ttft, T_tpot, `slo.py`) and block size B, with each engine's lear
     target (so a TTFT target that only local meets is never given up for the budget). A prefill
     pool that is behind has a large backlog(p) or ahead(p): its TTFT_pd grows until local costs
     less, and the decode engines take prefills within budget.
+  unknown pace: a prefill engine not yet observed (its prefill model still the seed) takes one
+    request at a time in mode auto: until a request prefilled there has ended (and taught its
+    pace) it is no P/D candidate while another is open, so a burst that arrives before the
+    first answer is not sent whole to an engine judged on its seed alone.
   re-probe: an engine is learned only from the work placed on it, so one judged slow would never
     be corrected; an engine is due (`due_for_probe`) when it is idle in every figure the router
     has (none of its prefill work open, nothing waiting or decoding there) and has been sent no
@@ -280,21 +284,30 @@ def _prefill_pick(engine: Engine, ledger: EngineLedger, inputs: PlacementInputs)
     return PrefillPick(engine, ledger, own, backlog, ahead, through, ttft)
 
 
+def pace_unknown_and_tried(ledger: EngineLedger) -> bool:
+    """The unknown-pace rule (module docstring): never observed, and a request already open."""
+    return ledger.costs.prefill.samples == 0 and ledger.prefills_open > 0
+
+
 def _best_prefill(
     prefillers: Sequence[Engine],
     ledger_of: Callable[[Engine], EngineLedger],
     inputs: PlacementInputs,
-) -> tuple[PrefillPick, bool]:
-    """The prefill engine of lowest predicted TTFT, or the first one due for a probe (then True)."""
+    trying_allowed: bool,
+) -> tuple[PrefillPick | None, bool]:
+    """The prefill engine of lowest predicted TTFT, or the first one due for a probe (then True);
+    unless `trying_allowed`, engines of unknown pace with a request open are left out (None when
+    that leaves none)."""
     best: PrefillPick | None = None
     for engine in prefillers:
         ledger = ledger_of(engine)
         if due_for_probe(engine, ledger, inputs.now, inputs.reprobe_s):
             return _prefill_pick(engine, ledger, inputs), True
+        if not trying_allowed and pace_unknown_and_tried(ledger):
+            continue
         pick = _prefill_pick(engine, ledger, inputs)
         if best is None or pick.ttft_s < best.ttft_s:
             best = pick
-    assert best is not None
     return best, False
 
 
@@ -325,18 +338,18 @@ def place(
     chosen, prefill, ttft, meet, wait = local, None, local.ttft_s, local.meet, 0.0
     probe = False
     separate = [c for c in candidates if not c.engine.colocated]
+    always = disaggregation == "always"
     if prefillers and separate and disaggregation != "never" and not local.engine.colocated:
-        pick, probe = _best_prefill(prefillers, ledger_of, inputs)
+        pick, probe = _best_prefill(prefillers, ledger_of, inputs, trying_allowed=always)
+    else:
+        pick = None
+    if pick is not None:
         decode = min(separate, key=lambda c: c.tpot_s)
         ledger = decode.ledger
         pd_wait = handoff_wait_s(decode, pick.ttft_s)
         pd_ttft = pick.ttft_s + pd_wait + ledger.costs.handoff_s(inputs.prompt_tokens)
         pd_ttft_meet = meet_probability(pd_ttft, target.ttft_s, ledger.ttft_sigma())
-        if (
-            disaggregation == "always"
-            or probe
-            or _disaggregate(local, pd_ttft, pd_ttft_meet, inputs)
-        ):
+        if always or probe or _disaggregate(local, pd_ttft, pd_ttft_meet, inputs):
             tpot_meet = meet_probability(decode.tpot_s, target.tpot_s, ledger.tpot_sigma())
             chosen, prefill, ttft, meet = decode, pick, pd_ttft, pd_ttft_meet * tpot_meet
             wait = pd_wait

@@ -143,6 +143,7 @@ class Ticket:
         "_prefill_done",
         "_prefill_held",
         "_prefill_s",
+        "_prefilled_on",
         "_queued_on",
         "_slack_key",
         "_stream_on",
@@ -177,6 +178,8 @@ class Ticket:
         self.streaming = streaming
         queued_on = placement.prefill_ledger
         self._queued_on: EngineLedger | None = queued_on
+        self._prefilled_on: EngineLedger | None = queued_on
+        queued_on.prefills_open += 1
         held = self._prefill_held = placement.prefill_work
         compute = queued_on.costs.prefill_compute_s(held.tokens, held.pairs)
         queued_on.queue_work(now, held.tokens, held.pairs, compute)
@@ -231,6 +234,10 @@ class Ticket:
         self._release_queue()
         self._learn_prefill()
         ledger = self._stream_on
+        prefilled_on = self._prefilled_on
+        if prefilled_on is not None:
+            prefilled_on.prefills_open -= 1
+            self._prefilled_on = None
         if ledger is None:
             return
         self._stream_on = None
