@@ -27,6 +27,7 @@ from tandem.router.decision import (
     RoutePlan,
     plan_route,
 )
+from tandem.router.decode_retry import may_resend_without_handoff, may_try_another_engine
 from tandem.router.draining import refused_while_draining
 from tandem.router.engines import Engine
 from tandem.router.errors import error_body, sse_error_event
@@ -55,21 +56,6 @@ _QUEUE_FULL = {
     True: "The router's queue is full and requests ranked above this one took its place; "
     "retry later.",
 }
-
-
-def may_try_another_engine(exc: UpstreamError, route: Route) -> bool:
-    """Whether a decode request that failed with `exc` may go to the next engine of its ranking.
-
-    nothing reached the engine (connect refused or timed out)   -> yes
-    the connection broke before a response head, local route    -> yes (the engine aborts it)
-    the same after a handoff                                    -> no: the engine may have pulled
-                                                                   the KV, a lease is read once
-    no response head within the idle timeout                    -> no: the engine has the request
-    """
-    if not exc.delivered:
-        return True
-    broken_before_head = exc.connect and not isinstance(exc, UpstreamTimeout)
-    return broken_before_head and route is Route.LOCAL
 
 
 @dataclass(frozen=True, slots=True)
@@ -399,7 +385,8 @@ class CompletionProxy:
         hit = f"{hit_blocks}/{total_blocks}"
         with adapter_stream(plan.decode.engine.adapter_streams, features.adapter):
             if await self._decode(call, ranking, handoff, hit):
-                # The decode engine could not use the prefill's KV: once more, prefilling it there.
+                # The decode engine could not use the prefill's KV, or its connection broke
+                # before answering: once more, prefilling it on a decode engine.
                 metrics.child(metrics.retries, "decode", "kv_transfer").inc()
                 await self._decode(call, ranking, None, hit)
 
@@ -525,17 +512,20 @@ class CompletionProxy:
     ) -> bool:
         """Sends the decode request (another engine on a refused connection) and relays the
         answer. After a handoff, an answer that failed before any output (a failed KV pull,
-        `kv_failure.py`) is not relayed: returns True to have it sent again without the handoff."""
+        `kv_failure.py`) is not relayed, nor is a connection that broke before any answer
+        (`decode_retry.py`): returns True to have it sent again without the handoff."""
         route = Route.LOCAL if handoff is None else Route.DISAGGREGATED
         headers = self._client_headers(call, handoff, hit)
         payload = self._payload(call, handoff)
-        engine, response = await self._open_decode(call, ranking, payload, route)
+        engine, response, failure = await self._open_decode(call, ranking, payload, route)
         if call.show_engines:
             headers.append(("x-tandem-decode-engine", engine.id))
             if call.ticket is not None:
                 predicted = call.ticket.placement.ttft_s * 1e3
                 headers.append(("x-tandem-predicted-ttft-ms", f"{predicted:.3f}"))
         if response is None:
+            if handoff is not None and failure is not None and may_resend_without_handoff(failure):
+                return True
             self.metrics.child(self.metrics.requests, route.value, "502").inc()
             raise ClientError(
                 502, error_body(502, "no decode engine could serve the request"), headers
@@ -568,10 +558,11 @@ class CompletionProxy:
 
     async def _open_decode(
         self, call: Call, ranking: list[Engine], payload: bytes, route: Route
-    ) -> tuple[Engine, Response | None]:
-        """The engine whose response head arrived, and the response; or the last engine tried
-        and None. The engine's in_flight and pending counts include the request from here on
-        (pending until its first byte).
+    ) -> tuple[Engine, Response | None, UpstreamError | None]:
+        """The engine whose response head arrived, and the response; or the last engine tried,
+        None and the last failure (None when every engine refused as draining). The engine's
+        in_flight and pending counts include the request from here on (pending until its first
+        byte).
 
         An engine that could not be reached moves on to the next (`may_try_another_engine`), as
         does one that refused the request because it is draining (`refused_while_draining`).
@@ -580,6 +571,7 @@ class CompletionProxy:
         if call.timing.upstream_start is None:
             call.timing.upstream_start = time.perf_counter()
         engine = ranking[0]
+        failure: UpstreamError | None = None
         for attempt, engine in enumerate(ranking[:_DECODE_ATTEMPTS]):
             if attempt:
                 self.metrics.child(self.metrics.retries, "decode", "connect").inc()
@@ -595,11 +587,12 @@ class CompletionProxy:
                 if not isinstance(exc, UpstreamError):
                     raise
                 self._upstream_failed("decode", engine, exc)
+                failure = exc
                 if may_try_another_engine(exc, route):
                     continue
-                return engine, None
+                return engine, None, exc
             plain = not (response.header("content-type") or "").startswith("text/event-stream")
             if response.status == 500 and plain and await self._refused(engine, response):
                 continue
-            return engine, response
-        return engine, None
+            return engine, response, None
+        return engine, None, failure

@@ -8,11 +8,13 @@ real-vLLM lock and runs this folder inside a network namespace of its own.
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
 from harness import VLLM_PYTHON, PDCluster, make_llama3_style_model, plan_tiny_cluster
+
+from tandem.local.logs import failure_excerpt
 
 # Tests that kill engines run after those that share them; those that start engines of their own
 # (LoRA, `tandem up`, the engine security context) stop the shared pair and run last.
@@ -78,3 +80,22 @@ def pd(pd_cluster: PDCluster) -> PDCluster:
     """The pair, both engines healthy."""
     pd_cluster.ensure_engines()
     return pd_cluster
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A failed test's report carries the last lines of every router and engine still running, so
+    that a failure in CI shows what the processes saw."""
+    report = yield
+    if report.when == "call" and report.failed:
+        for pair in PDCluster.pairs:
+            for router in pair.routers:
+                if router.proc.poll() is None:
+                    report.sections.append((f"{router.name} output", router.output()))
+            for engine in (pair.prefill, pair.decode):
+                if engine.alive():
+                    excerpt = failure_excerpt(engine.log_text(), tail_lines=60)
+                    report.sections.append((f"{engine.spec.name} log", excerpt))
+    return report

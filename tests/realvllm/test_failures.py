@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import openai
 import pytest
 from harness import PDCluster, metrics_of, openai_client, stream_completion
-from prefill_standin import PrefillStandIn
+from engine_standin import EngineStandIn
 
 from tandem.common.routing import DisaggregationConfig
 from tandem.router.config import StaticDiscovery, StaticEndpoint
@@ -22,14 +22,14 @@ PROMPT = "A prompt whose KV cache the decode engine will not be able to pull. " 
 
 
 @pytest.fixture
-def standin(pd: PDCluster) -> Iterator[PrefillStandIn]:
-    standin = PrefillStandIn(pd.prefill.url)
+def standin(pd: PDCluster) -> Iterator[EngineStandIn]:
+    standin = EngineStandIn(pd.prefill.url)
     yield standin
     standin.stop()
 
 
 def test_prefill_killed_after_its_answer_still_answers_the_client(
-    pd: PDCluster, standin: PrefillStandIn
+    pd: PDCluster, standin: EngineStandIn
 ) -> None:
     """The prefill engine is SIGKILLed right after it answered, so the decode engine's NIXL pull
     meets a dead peer. The decode pool's `kv_load_failure_policy: recompute` (rendered by the

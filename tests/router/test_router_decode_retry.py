@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from tandem.router.decision import Route
-from tandem.router.proxy import may_try_another_engine
+from tandem.router.decode_retry import may_resend_without_handoff, may_try_another_engine
 from tandem.router.upstream import UpstreamError, UpstreamPool, UpstreamTimeout
 
 pytestmark = pytest.mark.timeout(30)
@@ -32,6 +32,20 @@ def test_only_requests_that_cannot_have_reached_the_kv_move_on(
     exc: UpstreamError, route: Route, expected: bool
 ) -> None:
     assert may_try_another_engine(exc, route) is expected
+
+
+@pytest.mark.parametrize(
+    ("exc", "expected"),
+    [
+        (UpstreamError("reset", connect=True, delivered=True), True),
+        (UpstreamTimeout("no head", connect=True, delivered=True), False),
+        (UpstreamError("broken mid-body", delivered=True), False),
+    ],
+)
+def test_after_a_handoff_only_a_connection_broken_before_any_answer_is_sent_again_locally(
+    exc: UpstreamError, expected: bool
+) -> None:
+    assert may_resend_without_handoff(exc) is expected
 
 
 @pytest.fixture

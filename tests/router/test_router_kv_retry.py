@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from prefill_standin import PrefillStandIn
+from engine_standin import EngineStandIn
 from router_harness import (
     LONG,
     SIDE_CHANNELS,
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.timeout(120)
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_failed_kv_pull_is_retried_on_decode_without_remote_prefill(stream: bool) -> None:
     prefill, decode = Engine("prefill"), Engine("decode")
-    standin = PrefillStandIn(prefill.url)
+    standin = EngineStandIn(prefill.url)
     # The stand-in relays the prefill engine's answers, which name that engine's side channel.
     SIDE_CHANNELS[standin.url] = SIDE_CHANNELS[prefill.url]
     router = Router(
@@ -64,5 +64,36 @@ def test_a_failed_kv_pull_is_retried_on_decode_without_remote_prefill(stream: bo
                 == 1
             )
             assert metric(text, "tandem_router_upstream_errors_total", kind="kv_transfer") == 1
+    finally:
+        standin.stop()
+
+
+def test_a_decode_connection_broken_before_any_answer_after_a_handoff_is_sent_again_locally() -> (
+    None
+):
+    """The decode engine's connection closes on the request with the handoff, before any answer
+    (an engine that dies on it): the engine aborted it, so the router sends it once more without
+    the handoff instead of answering 502."""
+    prefill, decode = Engine("prefill"), Engine("decode")
+    standin = EngineStandIn(decode.url)
+    router = Router(
+        ["--prefill", prefill.url, "--decode", standin.url, "--disaggregation", "always"]
+    )
+    try:
+        with running(prefill, decode, router):
+            wait_all_healthy(router)
+            standin.drop_handoffs = True
+            body = {"model": "tiny", "prompt": LONG + "dropped", "max_tokens": 4}
+            answer = httpx.post(f"{router.url}/v1/completions", json=body, timeout=60)
+            assert standin.dropped == 1
+            assert answer.status_code == 200, answer.text
+            assert answer.headers["x-tandem-route"] == "local"
+            assert answer.json()["usage"]["completion_tokens"] == 4
+            text = metrics(router.url)
+            assert (
+                metric(text, "tandem_router_retries_total", pool="decode", reason="kv_transfer")
+                == 1
+            )
+            assert metric(text, "tandem_router_upstream_errors_total", kind="connect") == 1
     finally:
         standin.stop()

@@ -1,7 +1,9 @@
-"""A stand-in in front of a prefill engine that can make it die between its answer and the decode
-engine's KV pull: it relays every request to the engine, and once armed, runs a kill hook after
-the engine has answered and before the router gets that answer (which carries the dead engine's
-`kv_transfer_params`)."""
+"""A stand-in in front of an engine that fails at chosen moments. It relays every request to the
+engine (answers whole, not streamed). In front of a prefill engine, once armed, it runs a kill
+hook after the engine has answered and before the router gets that answer (which carries the dead
+engine's `kv_transfer_params`); in front of a decode engine, while `drop_handoffs` is set, it
+closes the connection of every request carrying a handoff without answering, as an engine that
+dies on it does."""
 
 from __future__ import annotations
 
@@ -14,13 +16,15 @@ import httpx
 from tandem.common.ports import free_port
 
 
-class PrefillStandIn:
+class EngineStandIn:
     def __init__(self, target: str) -> None:
         self.target = target
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.kill_hook: Callable[[], None] | None = None
         self.kills = 0
+        self.drop_handoffs = False
+        self.dropped = 0
         standin = self
 
         class Relay(BaseHTTPRequestHandler):
@@ -30,6 +34,10 @@ class PrefillStandIn:
             def relay(self, method: str) -> None:
                 length = int(self.headers.get("content-length") or 0)
                 body = self.rfile.read(length) if length else None
+                if standin.drop_handoffs and body and b'"kv_transfer_params"' in body:
+                    standin.dropped += 1
+                    self.close_connection = True
+                    return
                 headers = {
                     k: v
                     for k, v in self.headers.items()
