@@ -10,8 +10,8 @@ from collections.abc import Iterator
 
 import openai
 import pytest
-from harness import PDCluster, metrics_of, openai_client, stream_completion
 from engine_standin import EngineStandIn
+from harness import PDCluster, metrics_of, openai_client, stream_completion
 
 from tandem.common.routing import DisaggregationConfig
 from tandem.router.config import StaticDiscovery, StaticEndpoint
