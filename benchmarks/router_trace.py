@@ -310,6 +310,7 @@ async def run_router(
         if args.explain and kind.endswith("-predictive") and router.proc is not None:
             lines = explained(router.proc.log_path.read_text())
             path = Path(args.explain) / f"{kind}-x{workload.speedup / args.speedup:g}.jsonl"
+            path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text("".join(json.dumps(line) + "\n" for line in lines))
             own["term_mape"] = term_errors(lines)
     finally:

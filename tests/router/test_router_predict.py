@@ -316,13 +316,26 @@ def test_backlog_is_the_predicted_work_left_and_clears_when_the_work_is_done() -
     ledger.queue_work(100.05, 2000, 0.0, 0.05)  # queued behind the first: ends at 100.15
     assert ledger.backlog_s(100.05) == pytest.approx(0.1)  # half of the first is computed
     assert ledger.backlog_s(100.2) == 0.0  # past its predicted end: nothing left
-    ledger.work_done(100.06, 4000, 0.0)
-    assert ledger.backlog_s(100.06) == pytest.approx(0.09)  # the second is still open
+    ledger.work_done(100.06, 4000, 0.0)  # the first ends: what is open is read again
+    second = ledger.costs.prefill_compute_s(2000, 0.0)
+    assert ledger.backlog_s(100.06) == pytest.approx(second)
     ledger.work_done(100.08, 2000, 0.0)  # done sooner than predicted
     assert ledger.backlog_s(100.08) == 0.0
     assert ledger.queued_tokens == 0.0
     ledger.queue_work(100.1, 1000, 0.0, 0.02)
     assert ledger.backlog_s(100.1) == pytest.approx(0.02)  # starts from now, not from before
+
+
+def test_an_engine_slower_than_predicted_is_not_read_as_idle_while_work_is_open() -> None:
+    _, ledger_of = ledger_table()
+    ledger = ledger_of(engine("p", "prefill"))
+    each = ledger.costs.prefill_compute_s(4000, 0.0)
+    for _ in range(3):
+        ledger.queue_work(100.0, 4000, 0.0, each)
+    late = 100.0 + 3 * each + 1.0  # all three predicted done a second ago
+    assert ledger.backlog_s(late) == 0.0
+    ledger.work_done(late, 4000, 0.0)  # only the first has ended
+    assert ledger.backlog_s(late) == pytest.approx(2 * each)
 
 
 def test_stream_slack_counts_every_prefill_that_lands_while_it_runs() -> None:
@@ -430,7 +443,17 @@ def test_local_costs_the_delay_it_adds_to_running_streams() -> None:
     behind(ledger_of(p), 6192)  # P/D: 8,192 tokens + 11 ms handoff = 221 ms
     assert place([d], [p], ledger_of, inputs_for(2000), "auto").prefill is None  # 55 ms local
     d.in_flight = 4  # four streams would wait 50 ms each: 55 + 200 ms > 221 ms
-    assert place([d], [p], ledger_of, inputs_for(2000), "auto").prefill is not None
+    within_target = inputs_for(2000, ttft_ms=500)
+    assert place([d], [p], ledger_of, within_target, "auto").prefill is not None
+
+
+def test_the_streams_delay_never_buys_a_p_d_wait_past_the_requests_own_target() -> None:
+    _, ledger_of = ledger_table()
+    d, p = engine("d", "decode"), engine("p", "prefill")
+    behind(ledger_of(p), 6192)  # P/D: 221 ms, local 55 ms
+    d.in_flight = 40  # forty streams would wait 50 ms each: P/D costs the pool far less
+    past_target = inputs_for(2000, ttft_ms=150)
+    assert place([d], [p], ledger_of, past_target, "auto").prefill is None
 
 
 def test_pick_prefers_the_cached_engine_and_the_idle_one() -> None:

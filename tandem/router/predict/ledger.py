@@ -9,9 +9,14 @@ is
 
     backlog(t) = max(busy_until - t, 0)
 
-(the part of a request already computed no longer counts, as its tokens in `queued_tokens` would),
-and when the last of this router's prefills there finishes, busy_until comes back to that moment
-(min(busy_until, t): an engine faster than predicted does not keep a backlog it has cleared).
+(the part of a request already computed no longer counts, as its tokens in `queued_tokens` would).
+Each time one of them finishes, at t, busy_until is re-read from what is still open:
+
+    busy_until = t + compute_s(queued_tokens, queued_pairs)
+
+(the predicted compute of this router's open work there, 0 when none is): an engine faster than
+predicted does not keep a backlog it has cleared, and one slower than predicted, past the end
+predicted for its work while some of it is still open, is not read as idle.
 `prefills_open` counts this router's requests prefilled there that have not ended (the models
 learn from a request when it ends).
 `streams`, `stream_tokens` and `stream_output_tokens` describe this router's requests decoding
@@ -111,7 +116,7 @@ class EngineLedger:
         self.queued_pairs -= pairs
         if self.queued_tokens <= 0.0:
             self.queued_tokens = self.queued_pairs = 0.0
-            self.busy_until = min(self.busy_until, now)
+        self.busy_until = now + self.costs.prefill_compute_s(self.queued_tokens, self.queued_pairs)
 
     def add_prefill(self, now: float, compute_s: float) -> None:
         """A prefill of `compute_s` predicted seconds placed on the engine at `now`: it adds to the

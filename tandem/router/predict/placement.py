@@ -47,10 +47,12 @@ its targets (T_ttft, T_tpot, `slo.py`) and block size B, with each engine's lear
                   it runs takes its predicted stall from it, so local prefill is refused once the
                   prefills a stream has met and this one together would take it past its target
     disaggregate ⇔ TTFT_pd ≤ TTFT_local + streams(d) · stall(d)          (less delay in all)
+                     and (TTFT_pd ≤ TTFT_local or P(TTFT_pd ≤ T_ttft) ≥ q)
                    or streams(d) > 0 and (over budget or hurts) and P(TTFT_pd ≤ T_ttft) ≥ q
-    with q = `meetProbability`: P/D when it costs the pool less waiting, or when local prefill
-    would take the streams decoding on d past their budget or target and P/D meets the TTFT
-    target (so a TTFT target that only local meets is never given up for the budget). A prefill
+    with q = `meetProbability`: P/D when it costs the pool less waiting and the request itself
+    loses nothing by it or still meets its TTFT target, or when local prefill would take the
+    streams decoding on d past their budget or target and P/D meets the TTFT target (so a TTFT
+    target that only local meets is never given up for the streams' sake). A prefill
     pool that is behind has a large backlog(p) or ahead(p): its TTFT_pd grows until local costs
     less, and the decode engines take prefills within budget.
   unknown pace: a prefill engine not yet observed (its prefill model still the seed) takes one
@@ -369,9 +371,11 @@ def _disaggregate(
     local: Candidate, pd_ttft: float, pd_ttft_meet: float, inputs: PlacementInputs
 ) -> bool:
     """The P/D decision of mode auto (module docstring)."""
-    if pd_ttft <= local.ttft_s + local.streams * local.stall_s:
-        return True
     q = inputs.meet_threshold
+    if pd_ttft <= local.ttft_s + local.streams * local.stall_s and (
+        pd_ttft <= local.ttft_s or pd_ttft_meet >= q
+    ):
+        return True
     ledger = local.ledger
     window = ledger.share_window_s
     over_budget = local.share + local.stall_s / window > inputs.interference_budget
