@@ -109,7 +109,9 @@ def stream_completion(
 
 def metrics_of(url: str) -> dict[str, float]:
     """A /metrics page as {"name{label=value,...}": value}, labels sorted, engine/model dropped."""
-    text = httpx.get(f"{url}/metrics", timeout=10).text
+    # vLLM's API server stalls for seconds at times on this loaded machine (the routers saw 2 s of
+    # silence on /health between requests): a read that waits is not what is measured.
+    text = httpx.get(f"{url}/metrics", timeout=60).text
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:

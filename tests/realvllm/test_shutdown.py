@@ -101,6 +101,16 @@ class InFlight:
         for thread in self._threads:
             thread.start()
 
+    def wait_both_running(self, timeout_s: float = 60) -> bool:
+        """Until the engine reports both requests running (the stream streams by then; the plain
+        request's thread may not have sent it yet, and one sent after the signal is refused)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if metrics_of(self.url).get("vllm:num_requests_running", 0.0) >= 2:
+                return True
+            time.sleep(0.1)
+        return False
+
     def _body(self, stream: bool) -> dict[str, Any]:
         return {
             "model": "tiny",
@@ -194,6 +204,7 @@ def test_shutdown_timeout_drains_in_flight_requests_and_refuses_new_ones(
     assert _shutdown_timeout(engine) >= 60  # the operator's rendering (105 s by default)
     flight = InFlight(engine)
     assert flight.streaming.wait(60), flight.summary()
+    assert flight.wait_both_running(), flight.summary()
     sent = _sigterm(engine)
     time.sleep(0.5)
     during = _probe(engine)
@@ -227,7 +238,9 @@ def _prefill(engine: EngineProcess, prompt: str) -> dict[str, Any]:
     return params
 
 
-def _decode(engine: EngineProcess, prompt: str, params: dict[str, Any]) -> dict[str, Any]:
+def _decode(
+    engine: EngineProcess, prompt: str, params: dict[str, Any], timeout_s: float = 120
+) -> dict[str, Any]:
     answer = httpx.post(
         f"{engine.url}/v1/completions",
         json={
@@ -238,7 +251,7 @@ def _decode(engine: EngineProcess, prompt: str, params: dict[str, Any]) -> dict[
             "kv_transfer_params": params,
         },
         headers=_auth(engine),
-        timeout=120,
+        timeout=timeout_s,
     )
     assert answer.status_code == 200, answer.text
     body: dict[str, Any] = answer.json()
@@ -261,7 +274,10 @@ def test_prefill_engine_on_sigterm_with_kv_awaiting_a_pull(
     """A prefill engine SIGTERMed after its answer, before the decode engine's pull. With a
     shutdown timeout it stays up until the pull is done (a finished request whose blocks the
     connector holds counts as work), then exits; without one its EngineCore is killed at once and
-    the pull fails (the decode pool's rendered `recompute` policy still answers)."""
+    the pull fails (the decode pool's rendered `recompute` policy still answers) or never ends:
+    seen in CI, the decode engine's pull from the dead peer neither failed nor finished within
+    60 s, and the engine held the request (docs/protocols.md §9; why the operator renders a
+    shutdown timeout for prefill engines)."""
     engines.ensure_engines(engines.decode)
     prefill = engines.prefill = _with(engines.prefill, shutdown_timeout)
     decode = engines.decode
@@ -275,24 +291,40 @@ def test_prefill_engine_on_sigterm_with_kv_awaiting_a_pull(
     time.sleep(2.0)
     alive_before_pull = prefill.alive()
     started = time.monotonic()
-    answer = _decode(decode, prompt, params)
+    try:
+        answer: dict[str, Any] | None = _decode(
+            decode, prompt, params, 120 if shutdown_timeout else 60
+        )
+    except httpx.ReadTimeout:
+        if shutdown_timeout:
+            raise
+        answer = None  # the pull from the dead engine hangs: vLLM's other outcome
     answered = time.monotonic()
     exited = _wait_exit(prefill, 120)
     pulls_after = _pulls(decode)
     done, failed = (b - a for a, b in zip(pulls_before, pulls_after, strict=True))
+    tokens = None if answer is None else answer["usage"]["completion_tokens"]
     print(
         f"prefill SIGTERM, --shutdown-timeout {shutdown_timeout}: alive 2 s later "
         f"{alive_before_pull}; decode answered in {answered - started:.2f} s "
-        f"({answer['usage']['completion_tokens']} tokens); pulls done {done}, failed {failed}; "
+        f"({tokens} tokens); pulls done {done}, failed {failed}; "
         f"prefill exited {exited - sent:.2f} s after SIGTERM"
     )
-    assert answer["usage"]["completion_tokens"] == 8
     if shutdown_timeout:
+        assert tokens == 8
         assert alive_before_pull
         assert done >= 1
         assert failed == 0
-    else:  # the EngineCore was killed at SIGTERM: the pull fails, the decode engine recomputes
-        assert done == 0
+        return
+    # the EngineCore was killed at SIGTERM: no pull is done; either it fails and the decode engine
+    # recomputes, or it never ends and the engine holds the request (restarted for what follows)
+    assert done == 0
+    if answer is None:
+        decode.stop()
+        decode.start()
+        decode.wait_healthy()
+    else:
+        assert tokens == 8
         assert failed >= 1
 
 
@@ -306,6 +338,7 @@ def test_default_sigterm_loses_in_flight_requests(engines: PDCluster) -> None:
     engine = engines.decode = _with(engines.decode, 0)
     flight = InFlight(engine, timeout_s=15)
     assert flight.streaming.wait(60), flight.summary()
+    assert flight.wait_both_running(), flight.summary()
     sent = _sigterm(engine)
     time.sleep(5)
     alive_after_5_s = engine.alive()
