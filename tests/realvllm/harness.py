@@ -271,6 +271,12 @@ class EngineProcess:
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(10)
 
+    def restart(self) -> None:
+        """Stopped and started again on its ports, healthy (one that stopped serving)."""
+        self.stop()
+        self.start()
+        self.wait_healthy()
+
 
 def plan_tiny_cluster(model_dir: Path, run_dir: Path, sets: list[str] | None = None) -> LocalPlan:
     """The tiny example as `tandem up --engine vllm` plans it, on this machine's cores."""
@@ -424,9 +430,7 @@ class PDCluster:
                 f"Its log: {kept}",
                 stacklevel=2,
             )
-            engine.stop()
-            engine.start()
-            engine.wait_healthy()
+            engine.restart()
 
     def router(self, name: str = "router", **changes: object) -> Router:
         """A router for the pair (the plan's config with `changes`), ready; one of several

@@ -320,9 +320,7 @@ def test_prefill_engine_on_sigterm_with_kv_awaiting_a_pull(
     # recomputes, or it never ends and the engine holds the request (restarted for what follows)
     assert done == 0
     if answer is None:
-        decode.stop()
-        decode.start()
-        decode.wait_healthy()
+        decode.restart()
     else:
         assert tokens == 8
         assert failed >= 1

@@ -22,6 +22,16 @@ from router_harness import (
 pytestmark = pytest.mark.timeout(120)
 
 
+def assert_sent_again_locally(router: Router, answer: httpx.Response, error_kind: str) -> None:
+    """Answered through the decode engine's own prefill after one failure of `error_kind` on the
+    decode request that carried the handoff."""
+    assert answer.status_code == 200, answer.text
+    assert answer.headers["x-tandem-route"] == "local"
+    text = metrics(router.url)
+    assert metric(text, "tandem_router_retries_total", pool="decode", reason="kv_transfer") == 1
+    assert metric(text, "tandem_router_upstream_errors_total", kind=error_kind) == 1
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_failed_kv_pull_is_retried_on_decode_without_remote_prefill(stream: bool) -> None:
     prefill, decode = Engine("prefill"), Engine("decode")
@@ -49,8 +59,7 @@ def test_a_failed_kv_pull_is_retried_on_decode_without_remote_prefill(stream: bo
             }
             answer = httpx.post(f"{router.url}/v1/completions", json=body, timeout=60)
             assert standin.kills == 1
-            assert answer.status_code == 200, answer.text
-            assert answer.headers["x-tandem-route"] == "local"
+            assert_sent_again_locally(router, answer, "kv_transfer")
             assert "x-tandem-prefill-engine" not in answer.headers
             if stream:
                 events = [line for line in answer.text.splitlines() if line.startswith("data: ")]
@@ -58,12 +67,6 @@ def test_a_failed_kv_pull_is_retried_on_decode_without_remote_prefill(stream: bo
                 assert not any('"error"' in e for e in events)
             else:
                 assert answer.json()["usage"]["completion_tokens"] == 4
-            text = metrics(router.url)
-            assert (
-                metric(text, "tandem_router_retries_total", pool="decode", reason="kv_transfer")
-                == 1
-            )
-            assert metric(text, "tandem_router_upstream_errors_total", kind="kv_transfer") == 1
     finally:
         standin.stop()
 
@@ -86,14 +89,7 @@ def test_a_decode_connection_broken_before_any_answer_after_a_handoff_is_sent_ag
             body = {"model": "tiny", "prompt": LONG + "dropped", "max_tokens": 4}
             answer = httpx.post(f"{router.url}/v1/completions", json=body, timeout=60)
             assert standin.dropped == 1
-            assert answer.status_code == 200, answer.text
-            assert answer.headers["x-tandem-route"] == "local"
+            assert_sent_again_locally(router, answer, "connect")
             assert answer.json()["usage"]["completion_tokens"] == 4
-            text = metrics(router.url)
-            assert (
-                metric(text, "tandem_router_retries_total", pool="decode", reason="kv_transfer")
-                == 1
-            )
-            assert metric(text, "tandem_router_upstream_errors_total", kind="connect") == 1
     finally:
         standin.stop()
