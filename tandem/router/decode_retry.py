@@ -10,12 +10,21 @@ the same after a handoff               no: the engine may have      yes: the eng
                                        is read once                 and a local prefill needs no
                                                                     lease
 no head within the idle timeout        no: the engine has it        no: the engine has it
+
+When the connect timed out at every engine tried, the first engine is tried once more: nothing
+reached any of them (a handoff's lease is still unread), and a connect that times out on a loopback
+or pod network is a stall of that engine or of this process (a machine short of CPU), not a refusal.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import TypeVar
+
 from tandem.router.decision import Route
 from tandem.router.upstream import UpstreamError, UpstreamTimeout
+
+Engine = TypeVar("Engine")
 
 
 def _broken_before_head(exc: UpstreamError) -> bool:
@@ -33,3 +42,16 @@ def may_resend_without_handoff(exc: UpstreamError) -> bool:
     """Whether a decode request sent with a handoff that failed with `exc`, and that no other
     engine may take with that handoff, may be sent once more without it (table above)."""
     return exc.delivered and _broken_before_head(exc)
+
+
+def _stalled(exc: UpstreamError) -> bool:
+    return isinstance(exc, UpstreamTimeout) and not exc.delivered
+
+
+def decode_attempts(ranking: list[Engine], failures: list[UpstreamError]) -> Iterator[Engine]:
+    """The engines a decode request is sent to, in turn, while the caller appends each attempt's
+    failure to `failures`: the `ranking`, then its first engine once more when every attempt
+    failed with a connect that timed out (table above)."""
+    yield from ranking
+    if ranking and len(failures) == len(ranking) and all(map(_stalled, failures)):
+        yield ranking[0]

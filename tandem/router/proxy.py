@@ -27,7 +27,11 @@ from tandem.router.decision import (
     RoutePlan,
     plan_route,
 )
-from tandem.router.decode_retry import may_resend_without_handoff, may_try_another_engine
+from tandem.router.decode_retry import (
+    decode_attempts,
+    may_resend_without_handoff,
+    may_try_another_engine,
+)
 from tandem.router.draining import refused_while_draining
 from tandem.router.engines import Engine
 from tandem.router.errors import error_body, sse_error_event
@@ -565,14 +569,15 @@ class CompletionProxy:
         byte).
 
         An engine that could not be reached moves on to the next (`may_try_another_engine`), as
-        does one that refused the request because it is draining (`refused_while_draining`).
+        does one that refused the request because it is draining (`refused_while_draining`); when
+        the connect timed out at every one, the first is tried once more (`decode_attempts`).
         """
         headers = [("content-type", "application/json"), ("x-request-id", call.request_id)]
         if call.timing.upstream_start is None:
             call.timing.upstream_start = time.perf_counter()
         engine = ranking[0]
-        failure: UpstreamError | None = None
-        for attempt, engine in enumerate(ranking[:_DECODE_ATTEMPTS]):
+        failures: list[UpstreamError] = []
+        for attempt, engine in enumerate(decode_attempts(ranking[:_DECODE_ATTEMPTS], failures)):
             if attempt:
                 self.metrics.child(self.metrics.retries, "decode", "connect").inc()
             engine.in_flight += 1
@@ -587,7 +592,7 @@ class CompletionProxy:
                 if not isinstance(exc, UpstreamError):
                     raise
                 self._upstream_failed("decode", engine, exc)
-                failure = exc
+                failures.append(exc)
                 if may_try_another_engine(exc, route):
                     continue
                 return engine, None, exc
@@ -595,4 +600,4 @@ class CompletionProxy:
             if response.status == 500 and plain and await self._refused(engine, response):
                 continue
             return engine, response, None
-        return engine, None, failure
+        return engine, None, failures[-1] if failures else None

@@ -267,63 +267,43 @@ def _pulls(engine: EngineProcess) -> tuple[float, float]:
     )
 
 
-@pytest.mark.parametrize("shutdown_timeout", [105, 0])
-def test_prefill_engine_on_sigterm_with_kv_awaiting_a_pull(
-    engines: PDCluster, shutdown_timeout: int
-) -> None:
-    """A prefill engine SIGTERMed after its answer, before the decode engine's pull. With a
-    shutdown timeout it stays up until the pull is done (a finished request whose blocks the
-    connector holds counts as work), then exits; without one its EngineCore is killed at once and
-    the pull fails (the decode pool's rendered `recompute` policy still answers) or never ends:
-    seen in CI, the decode engine's pull from the dead peer neither failed nor finished within
-    60 s, and the engine held the request (docs/protocols.md §9; why the operator renders a
-    shutdown timeout for prefill engines)."""
+def test_prefill_engine_on_sigterm_with_kv_awaiting_a_pull(engines: PDCluster) -> None:
+    """A prefill engine SIGTERMed after its answer, before the decode engine's pull, under the
+    shutdown timeout the operator renders: it stays up until the pull is done (a finished request
+    whose blocks the connector holds counts as work) and the pull succeeds. Without a shutdown
+    timeout its EngineCore is killed at once and the pull fails or never ends (docs/protocols.md
+    §9, seen in earlier runs of this tier; test_default_sigterm_loses_in_flight_requests shows the
+    abort on the decode side)."""
     engines.ensure_engines(engines.decode)
-    prefill = engines.prefill = _with(engines.prefill, shutdown_timeout)
+    prefill = engines.prefill = _with(engines.prefill, 105)
     decode = engines.decode
     # One handoff first: the NIXL handshake between the two is done before the measured one.
     _decode(decode, PROMPT + "warm", _prefill(prefill, PROMPT + "warm"))
     # No block in common with the warm-up: the decode engine must pull every one.
-    prompt = f"Blocks held over SIGTERM with a shutdown timeout of {shutdown_timeout}. " * 8
+    prompt = "Blocks held over SIGTERM with a shutdown timeout. " * 8
     params = _prefill(prefill, prompt)
     pulls_before = _pulls(decode)
     sent = _sigterm(prefill)
     time.sleep(2.0)
     alive_before_pull = prefill.alive()
     started = time.monotonic()
-    try:
-        answer: dict[str, Any] | None = _decode(
-            decode, prompt, params, 120 if shutdown_timeout else 60
-        )
-    except httpx.ReadTimeout:
-        if shutdown_timeout:
-            raise
-        answer = None  # the pull from the dead engine hangs: vLLM's other outcome
+    answer = _decode(decode, prompt, params)
     answered = time.monotonic()
-    exited = _wait_exit(prefill, 120)
     pulls_after = _pulls(decode)
     done, failed = (b - a for a, b in zip(pulls_before, pulls_after, strict=True))
-    tokens = None if answer is None else answer["usage"]["completion_tokens"]
+    # Its exit is not awaited: the engine core drains in seconds, but the process has been seen
+    # to stay until the shutdown timeout ends (docs/protocols.md §9).
     print(
-        f"prefill SIGTERM, --shutdown-timeout {shutdown_timeout}: alive 2 s later "
-        f"{alive_before_pull}; decode answered in {answered - started:.2f} s "
-        f"({tokens} tokens); pulls done {done}, failed {failed}; "
-        f"prefill exited {exited - sent:.2f} s after SIGTERM"
+        f"prefill SIGTERM, --shutdown-timeout 105: alive 2 s later {alive_before_pull}; decode "
+        f"answered in {answered - started:.2f} s ({answer['usage']['completion_tokens']} "
+        f"tokens); pulls done {done}, failed {failed}; prefill alive "
+        f"{time.monotonic() - sent:.2f} s after SIGTERM: {prefill.alive()}"
     )
-    if shutdown_timeout:
-        assert tokens == 8
-        assert alive_before_pull
-        assert done >= 1
-        assert failed == 0
-        return
-    # the EngineCore was killed at SIGTERM: no pull is done; either it fails and the decode engine
-    # recomputes, or it never ends and the engine holds the request (restarted for what follows)
-    assert done == 0
-    if answer is None:
-        decode.restart()
-    else:
-        assert tokens == 8
-        assert failed >= 1
+    prefill.stop()
+    assert answer["usage"]["completion_tokens"] == 8
+    assert alive_before_pull
+    assert done >= 1
+    assert failed == 0
 
 
 def test_default_sigterm_loses_in_flight_requests(engines: PDCluster) -> None:

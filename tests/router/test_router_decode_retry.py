@@ -9,7 +9,11 @@ from collections.abc import Iterator
 import pytest
 
 from tandem.router.decision import Route
-from tandem.router.decode_retry import may_resend_without_handoff, may_try_another_engine
+from tandem.router.decode_retry import (
+    decode_attempts,
+    may_resend_without_handoff,
+    may_try_another_engine,
+)
 from tandem.router.upstream import UpstreamError, UpstreamPool, UpstreamTimeout
 
 pytestmark = pytest.mark.timeout(30)
@@ -46,6 +50,39 @@ def test_after_a_handoff_only_a_connection_broken_before_any_answer_is_sent_agai
     exc: UpstreamError, expected: bool
 ) -> None:
     assert may_resend_without_handoff(exc) is expected
+
+
+STALLED = UpstreamTimeout("connect timed out", connect=True)
+REFUSED = UpstreamError("refused", connect=True)
+
+
+def attempts_after(ranking: list[str], outcomes: list[UpstreamError | None]) -> list[str]:
+    """The engines `decode_attempts` yields when the attempts end with `outcomes` in turn (None:
+    the engine refused as draining, which is no failure); stops where the outcomes do."""
+    failures: list[UpstreamError] = []
+    tried: list[str] = []
+    for engine, outcome in zip(decode_attempts(ranking, failures), outcomes, strict=False):
+        tried.append(engine)
+        if outcome is not None:
+            failures.append(outcome)
+    return tried
+
+
+@pytest.mark.parametrize(
+    ("ranking", "outcomes", "expected"),
+    [
+        (["a"], [STALLED, STALLED, STALLED], ["a", "a"]),
+        (["a", "b"], [STALLED, STALLED, STALLED], ["a", "b", "a"]),
+        (["a", "b"], [STALLED, REFUSED, STALLED], ["a", "b"]),
+        (["a"], [REFUSED, STALLED], ["a"]),
+        (["a", "b"], [None, STALLED, STALLED], ["a", "b"]),
+        ([], [STALLED], []),
+    ],
+)
+def test_only_connects_that_timed_out_everywhere_earn_the_first_engine_once_more(
+    ranking: list[str], outcomes: list[UpstreamError | None], expected: list[str]
+) -> None:
+    assert attempts_after(ranking, outcomes) == expected
 
 
 @pytest.fixture
