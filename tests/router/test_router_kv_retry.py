@@ -5,6 +5,8 @@ does; real vLLM with the operator's `recompute` policy is tests/realvllm/test_fa
 
 from __future__ import annotations
 
+import threading
+
 import httpx
 import pytest
 from engine_standin import EngineStandIn
@@ -17,7 +19,9 @@ from router_harness import (
     metrics,
     running,
     wait_all_healthy,
+    wait_until,
 )
+from stalling_relay import StallingRelay
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -93,3 +97,35 @@ def test_a_decode_connection_broken_before_any_answer_after_a_handoff_is_sent_ag
             assert answer.json()["usage"]["completion_tokens"] == 4
     finally:
         standin.stop()
+
+
+def test_a_decode_connect_that_timed_out_is_tried_once_more_with_the_handoff() -> None:
+    """The only decode engine stops accepting (its connect times out) between the prefill answer
+    and the decode request: nothing reached it, so the router tries it once more with the same
+    handoff, which is still unread, instead of answering 502."""
+    prefill, decode = Engine("prefill"), Engine("decode")
+    relay = StallingRelay(decode.url)
+    router = Router(["--prefill", prefill.url, "--decode", relay.url, "--disaggregation", "always"])
+
+    def timed_out() -> bool:
+        text = metrics(router.url)
+        return metric(text, "tandem_router_upstream_errors_total", kind="timeout") >= 1
+
+    try:
+        with running(prefill, decode, router):
+            wait_all_healthy(router)
+            relay.stall()
+            resumer = threading.Thread(target=lambda: (wait_until(timed_out, 20), relay.resume()))
+            resumer.start()
+            body = {"model": "tiny", "prompt": LONG + "stalled", "max_tokens": 4}
+            answer = httpx.post(f"{router.url}/v1/completions", json=body, timeout=60)
+            resumer.join(30)
+            assert answer.status_code == 200, answer.text
+            assert answer.headers["x-tandem-route"] == "disaggregated"
+            assert answer.json()["usage"]["completion_tokens"] == 4
+            text = metrics(router.url)
+            assert metric(text, "tandem_router_upstream_errors_total", kind="timeout") == 1
+            assert metric(text, "tandem_router_retries_total", pool="decode", reason="connect") == 1
+            assert metric(text, "tandem_router_retries_total", reason="kv_transfer") == 0
+    finally:
+        relay.stop()
