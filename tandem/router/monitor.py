@@ -37,6 +37,8 @@ class EngineMonitor:
     A scrape whose connection is refused marks the engine unhealthy at once, as the proxy does.
     An engine the proxy saw draining stays out of the candidates until a health check fails or a
     scrape's connection is refused (it exited): a new process on its address is a candidate again.
+    The loop's next pass comes `scrape_s` after the last one ended, a pass made before `start()`
+    included (the relay checks its engine before it serves).
     """
 
     def __init__(
@@ -58,6 +60,7 @@ class EngineMonitor:
         self.load_timeout_s = load_timeout_s
         self._task: asyncio.Task[None] | None = None
         self._last_health = 0.0
+        self._last_pass_end = float("-inf")  # a pass made before start() counts as the first
         self._suspect: set[str] = set()  # engines whose last /metrics failed: /health next pass
 
     def start(self) -> None:
@@ -71,14 +74,19 @@ class EngineMonitor:
         self.upstreams.close()
 
     async def check_all(self, health: bool) -> None:
-        engines = list(self.pool.engines.values())
-        await asyncio.gather(*(self._check(e, health) for e in engines))
-        if health and self.runtime_adapters is not None:
-            await self._replay_adapters(self.runtime_adapters, engines)
-        known = set(self.pool.engines)
-        self._suspect &= known
-        for url in [u for u in list(self.upstreams.pools) if u not in known]:
-            self.upstreams.drop(url)
+        if health:
+            self._last_health = time.monotonic()
+        try:
+            engines = list(self.pool.engines.values())
+            await asyncio.gather(*(self._check(e, health) for e in engines))
+            if health and self.runtime_adapters is not None:
+                await self._replay_adapters(self.runtime_adapters, engines)
+            known = set(self.pool.engines)
+            self._suspect &= known
+            for url in [u for u in list(self.upstreams.pools) if u not in known]:
+                self.upstreams.drop(url)
+        finally:
+            self._last_pass_end = time.monotonic()
 
     async def _check(self, engine: Engine, health: bool) -> None:
         pool = self.upstreams.pool(engine.url)
@@ -164,12 +172,9 @@ class EngineMonitor:
 
     async def _run(self) -> None:
         while True:
-            now = time.monotonic()
-            health = now - self._last_health >= self.health_s
-            if health:
-                self._last_health = now
+            await asyncio.sleep(max(self._last_pass_end + self.scrape_s - time.monotonic(), 0.0))
+            health = time.monotonic() - self._last_health >= self.health_s
             try:
                 await self.check_all(health)
             except Exception:
                 log.exception("engine monitor pass failed")
-            await asyncio.sleep(self.scrape_s)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 
 from aiohttp import web
 
@@ -17,12 +18,16 @@ EXPOSITION = (
 
 
 async def serve(
-    health_status: list[int], metrics_delay_s: list[float]
+    health_status: list[int], metrics_delay_s: list[float], reads: Counter[str] | None = None
 ) -> tuple[web.AppRunner, str]:
+    reads = Counter() if reads is None else reads
+
     async def health(_: web.Request) -> web.Response:
+        reads["/health"] += 1
         return web.Response(status=health_status[0])
 
     async def metrics(_: web.Request) -> web.Response:
+        reads["/metrics"] += 1
         await asyncio.sleep(metrics_delay_s[0])
         return web.Response(body=EXPOSITION)
 
@@ -59,6 +64,26 @@ async def test_slow_metrics_keep_the_engine_healthy_and_its_last_load() -> None:
         health_status[0], delay[0] = 200, 0.0
         await monitor.check_all(health=False)
         assert engine.healthy
+    finally:
+        await monitor.stop()
+        await runner.cleanup()
+
+
+async def test_a_pass_made_before_start_is_the_loops_first() -> None:
+    """`tandem relay` checks its engine before it serves, then starts the loop: the loop waits a
+    scrape interval for its first pass and the health interval for its next /health read."""
+    reads: Counter[str] = Counter()
+    runner, url = await serve([200], [0.0], reads)
+    pool = EnginePool()
+    pool.upsert(Engine(url=url, roles=frozenset({"decode"})))
+    monitor = EngineMonitor(pool, scrape_s=0.4, health_s=60.0, timeout_s=0.3)
+    try:
+        await monitor.check_all(health=True)
+        monitor.start()
+        await asyncio.sleep(0.2)
+        assert reads == Counter({"/health": 1, "/metrics": 1})
+        await asyncio.sleep(0.4)
+        assert reads == Counter({"/health": 1, "/metrics": 2})
     finally:
         await monitor.stop()
         await runner.cleanup()
