@@ -11,9 +11,12 @@ the same after a handoff               no: the engine may have      yes: the eng
                                                                     lease
 no head within the idle timeout        no: the engine has it        no: the engine has it
 
-When the connect timed out at every engine tried, the first engine is tried once more: nothing
-reached any of them (a handoff's lease is still unread), and a connect that times out on a loopback
-or pod network is a stall of that engine or of this process (a machine short of CPU), not a refusal.
+When the connect timed out at every engine tried (either route), the first engine is tried once
+more: nothing reached any of them, so a handoff is still unread, and a connect that times out on a
+loopback or pod network is most often a stall of that engine or of this process (a machine short of
+CPU). A dead node's address times out as well: then the extra attempt adds one connect timeout
+before the 502. A lease that ran out meanwhile fails the pull, and the decode answer's failure
+sends the request once more without the handoff (`kv_failure.py`).
 """
 
 from __future__ import annotations

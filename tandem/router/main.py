@@ -130,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--decode-idle-seconds", type=float, help="longest silence inside a decode stream"
     )
+    p.add_argument("--connect-seconds", type=float, help="limit of connecting to an engine")
     p.add_argument("--prefill-seconds", type=float, help="limit of one prefill request")
     p.add_argument("--request-seconds", type=float, help="limit of a whole request")
     p.add_argument("--log-level")
@@ -238,6 +239,7 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         ("admission", "maxInFlight", args.max_in_flight),
         ("admission", "engineWaitSeconds", args.engine_wait_seconds),
         ("timeouts", "decodeIdleSeconds", args.decode_idle_seconds),
+        ("timeouts", "connectSeconds", args.connect_seconds),
         ("timeouts", "prefillSeconds", args.prefill_seconds),
         ("timeouts", "requestSeconds", args.request_seconds),
         ("http", "maxConnections", args.max_connections),

@@ -59,7 +59,7 @@ class EngineMonitor:
         self.runtime_adapters = runtime_adapters
         self.load_timeout_s = load_timeout_s
         self._task: asyncio.Task[None] | None = None
-        self._last_health = 0.0
+        self._last_health = float("-inf")  # not 0.0: monotonic() starts near 0 at boot
         self._last_pass_end = float("-inf")  # a pass made before start() counts as the first
         self._suspect: set[str] = set()  # engines whose last /metrics failed: /health next pass
 

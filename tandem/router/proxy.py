@@ -54,7 +54,7 @@ log = logging.getLogger("tandem.router.proxy")
 _decode_json = msgspec.json.Decoder().decode
 _encode_json = msgspec.json.Encoder().encode
 _RETRY_STATUSES = frozenset((502, 503, 504))
-_DECODE_ATTEMPTS = 3
+_DECODE_ENGINES = 3  # engines of the ranking tried; decode_attempts may add one more try
 _QUEUE_FULL = {
     False: "The router's queue is full; retry later.",
     True: "The router's queue is full and requests ranked above this one took its place; "
@@ -577,7 +577,7 @@ class CompletionProxy:
             call.timing.upstream_start = time.perf_counter()
         engine = ranking[0]
         failures: list[UpstreamError] = []
-        for attempt, engine in enumerate(decode_attempts(ranking[:_DECODE_ATTEMPTS], failures)):
+        for attempt, engine in enumerate(decode_attempts(ranking[:_DECODE_ENGINES], failures)):
             if attempt:
                 self.metrics.child(self.metrics.retries, "decode", "connect").inc()
             engine.in_flight += 1

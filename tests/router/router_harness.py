@@ -42,13 +42,13 @@ ENGINE_ARGS = [
 ]
 
 
-def kv_transfer_config(role: str) -> str:
+def kv_transfer_config(role: str, kv_lease_s: int = 5) -> str:
     return json.dumps(
         {
             "kv_connector": "NixlConnector",
             "kv_role": role,
             "kv_buffer_device": "cpu",
-            "kv_connector_extra_config": {"kv_lease_duration": 5},
+            "kv_connector_extra_config": {"kv_lease_duration": kv_lease_s},
         }
     )
 
@@ -69,6 +69,7 @@ class Engine(Proc):
         kv_events: bool = False,
         extra_env: dict[str, str] | None = None,
         port: int | None = None,
+        kv_lease_s: int = 5,
     ):
         port = port or free_port()
         args = [
@@ -88,7 +89,9 @@ class Engine(Proc):
         if role is not None:
             args += [
                 "--kv-transfer-config",
-                kv_transfer_config("kv_producer" if role == "prefill" else "kv_consumer"),
+                kv_transfer_config(
+                    "kv_producer" if role == "prefill" else "kv_consumer", kv_lease_s
+                ),
             ]
             side_channel = free_port()
             SIDE_CHANNELS[f"http://127.0.0.1:{port}"] = side_channel

@@ -37,8 +37,11 @@ def test_flags_build_static_engines_with_kv_events() -> None:
         "3",
         "--block-size",
         "32",
+        "--connect-seconds",
+        "4",
     )
     assert config.scoring.prefix_weight == 5
+    assert config.timeouts.connect_s == 4
     assert config.disaggregation.mode == "always"
     assert config.admission.max_queue == 3
     engines = {e.url: e for e in static_engines(config.static)}  # type: ignore[arg-type]

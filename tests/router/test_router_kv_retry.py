@@ -102,10 +102,17 @@ def test_a_decode_connection_broken_before_any_answer_after_a_handoff_is_sent_ag
 def test_a_decode_connect_that_timed_out_is_tried_once_more_with_the_handoff() -> None:
     """The only decode engine stops accepting (its connect times out) between the prefill answer
     and the decode request: nothing reached it, so the router tries it once more with the same
-    handoff, which is still unread, instead of answering 502."""
-    prefill, decode = Engine("prefill"), Engine("decode")
+    handoff, which is still unread, instead of answering 502. A 4 s connect timeout spans two of the
+    kernel's SYN retransmits (+1 s, +3 s), so the second attempt gets through once the relay
+    resumes within 3 s of the first timeout, well inside the 30 s lease of the handoff."""
+    prefill, decode = Engine("prefill", kv_lease_s=30), Engine("decode", kv_lease_s=30)
     relay = StallingRelay(decode.url)
-    router = Router(["--prefill", prefill.url, "--decode", relay.url, "--disaggregation", "always"])
+    router = Router(
+        [
+            *("--prefill", prefill.url, "--decode", relay.url),
+            *("--disaggregation", "always", "--connect-seconds", "4"),
+        ]
+    )
 
     def timed_out() -> bool:
         text = metrics(router.url)

@@ -18,8 +18,12 @@ EXPOSITION = (
 
 
 async def serve(
-    health_status: list[int], metrics_delay_s: list[float], reads: Counter[str] | None = None
+    health_status: list[int],
+    metrics_delay_s: list[float],
+    reads: Counter[str] | None = None,
+    scraped: asyncio.Event | None = None,
 ) -> tuple[web.AppRunner, str]:
+    """The fake engine; `reads` counts the requests per path, `scraped` is set at each /metrics."""
     reads = Counter() if reads is None else reads
 
     async def health(_: web.Request) -> web.Response:
@@ -28,6 +32,8 @@ async def serve(
 
     async def metrics(_: web.Request) -> web.Response:
         reads["/metrics"] += 1
+        if scraped is not None:
+            scraped.set()
         await asyncio.sleep(metrics_delay_s[0])
         return web.Response(body=EXPOSITION)
 
@@ -71,18 +77,20 @@ async def test_slow_metrics_keep_the_engine_healthy_and_its_last_load() -> None:
 
 async def test_a_pass_made_before_start_is_the_loops_first() -> None:
     """`tandem relay` checks its engine before it serves, then starts the loop: the loop waits a
-    scrape interval for its first pass and the health interval for its next /health read."""
+    scrape interval for its first pass (load only) and the health interval for its next /health."""
     reads: Counter[str] = Counter()
-    runner, url = await serve([200], [0.0], reads)
+    scraped = asyncio.Event()
+    runner, url = await serve([200], [0.0], reads, scraped)
     pool = EnginePool()
     pool.upsert(Engine(url=url, roles=frozenset({"decode"})))
     monitor = EngineMonitor(pool, scrape_s=0.4, health_s=60.0, timeout_s=0.3)
     try:
         await monitor.check_all(health=True)
+        scraped.clear()
         monitor.start()
         await asyncio.sleep(0.2)
         assert reads == Counter({"/health": 1, "/metrics": 1})
-        await asyncio.sleep(0.4)
+        await asyncio.wait_for(scraped.wait(), 5)
         assert reads == Counter({"/health": 1, "/metrics": 2})
     finally:
         await monitor.stop()
