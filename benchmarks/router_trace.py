@@ -302,7 +302,8 @@ async def run_router(
             Target(kind, router.url),
             workload,
             RunOptions(model=MODEL, progress=False, nvml=False,
-                       request_timeout_s=args.run_seconds),
+                       request_timeout_s=args.run_seconds,
+                       length_cap=args.max_output_tokens if args.hide_output_length else None),
         )  # fmt: skip
         cpu = router.cpu_seconds() - cpu0
         after = await engine_counters(pool.engines)
@@ -491,7 +492,9 @@ async def main_async(args: argparse.Namespace) -> int:
     )
     title = (
         f"{args.trace.name}: first {args.requests} requests, blocks {args.block_tokens} tokens, "
-        f"outputs <= {args.max_output_tokens}, {args.engines} engines x {args.blocks} KV blocks "
+        f"outputs <= {args.max_output_tokens}"
+        f"{' (hidden: each ends by a stop token)' if args.hide_output_length else ''}, "
+        f"{args.engines} engines x {args.blocks} KV blocks "
         f"({args.profile}, speedup {args.speedup:g})"
     )
     found = {}
@@ -517,6 +520,7 @@ async def main_async(args: argparse.Namespace) -> int:
             "block_tokens": args.block_tokens,
             "max_input_tokens": args.max_input_tokens,
             "max_output_tokens": args.max_output_tokens,
+            "output_length_hidden": args.hide_output_length,
             "engines": args.engines,
             "kv_blocks_per_engine": args.blocks,
             "profile": args.profile,
@@ -548,6 +552,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--block-tokens", type=int, default=128, help="tokens per 512-token block")
     parser.add_argument("--max-input-tokens", type=int, default=16000)
     parser.add_argument("--max-output-tokens", type=int, default=64)
+    parser.add_argument(
+        "--hide-output-length",
+        action="store_true",
+        help="every request asks for max_tokens --max-output-tokens and ends at its trace length"
+        " by a stop token (tandem bench --length-cap), so no router reads the length from it",
+    )
     parser.add_argument("--engines", type=int, default=4)
     parser.add_argument("--blocks", type=int, default=5000, help="KV blocks (16 tokens) per engine")
     parser.add_argument(

@@ -47,11 +47,21 @@ class RequestResult:
         return (self.e2e_s - self.ttft_s) / (self.output_tokens - 1)
 
 
-def request_body(planned: PlannedRequest, api: Api, model: str, ignore_eos: bool) -> dict[str, Any]:
+# the token a hidden-length request is made to end with (every vocabulary has an id 0)
+LENGTH_STOP_TOKEN = 0
+
+
+def request_body(
+    planned: PlannedRequest, api: Api, model: str, ignore_eos: bool, length_cap: int | None = None
+) -> dict[str, Any]:
     """The JSON body for one planned request.
 
     `ignore_eos` (a vLLM extension) makes the engine produce exactly `max_tokens` tokens so that
     output lengths follow the workload; turn it off for endpoints that refuse unknown fields.
+    With `length_cap`, every request asks for `max_tokens = length_cap` and is made to end at its
+    planned length by vLLM's sampling parameters instead: `min_tokens = length - 1` masks the stop
+    token until then, `stop_token_ids` and a `logit_bias` of +100 make it the next token, so a
+    router in between sees the cap and not the length.
     """
     body: dict[str, Any] = {
         "model": model,
@@ -62,6 +72,11 @@ def request_body(planned: PlannedRequest, api: Api, model: str, ignore_eos: bool
     }
     if ignore_eos:
         body["ignore_eos"] = True
+    if length_cap is not None:
+        body["max_tokens"] = length_cap
+        body["min_tokens"] = max(planned.max_tokens - 1, 0)
+        body["stop_token_ids"] = [LENGTH_STOP_TOKEN]
+        body["logit_bias"] = {str(LENGTH_STOP_TOKEN): 100}
     if api == "completions":
         body["prompt"] = planned.prompt
     elif isinstance(planned.prompt, list):

@@ -163,6 +163,14 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="do not send vLLM's ignore_eos (for strict OpenAI servers)",
     )
+    client.add_argument(
+        "--length-cap",
+        type=int,
+        metavar="N",
+        help="send max_tokens N on every request and end each at its planned length with a "
+        "stop token (min_tokens, stop_token_ids, logit_bias), so that a router cannot read the "
+        "length from the request; N should be at least the longest planned output",
+    )
     client.add_argument("--header", action="append", default=[], metavar="NAME:VALUE")
     client.add_argument("--api-key", help="sent as 'Authorization: Bearer KEY'")
     client.add_argument("--request-timeout", type=float, default=300.0)
@@ -317,10 +325,13 @@ def options_from_args(args: argparse.Namespace) -> RunOptions:
     if args.api_key:
         headers["Authorization"] = f"Bearer {args.api_key}"
     slo, *extra_slos = slos_from_args(args)
+    if args.length_cap is not None and args.length_cap < 1:
+        raise ValueError(f"--length-cap must be at least 1, not {args.length_cap}")
     return RunOptions(
         api=args.api,
         model=args.model,
         ignore_eos=not args.no_ignore_eos,
+        length_cap=args.length_cap,
         slo=slo,
         extra_slos=extra_slos,
         request_timeout_s=args.request_timeout,

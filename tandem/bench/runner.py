@@ -60,6 +60,8 @@ class RunOptions:
     api: Api = "completions"
     model: str | None = None
     ignore_eos: bool = True
+    # every request asks for this max_tokens and ends at its planned length by a stop token
+    length_cap: int | None = None
     slo: SLO = field(default_factory=SLO)
     extra_slos: list[SLO] = field(default_factory=list)  # more SLOs to report attainment for
     request_timeout_s: float = 300.0
@@ -125,7 +127,10 @@ class _Run:
                 now - t0,
                 lag_s=max(0.0, now - t0 - planned.at_s),
             )
-            body = request_body(planned, self.options.api, self.model, self.options.ignore_eos)
+            options = self.options
+            body = request_body(
+                planned, options.api, self.model, options.ignore_eos, options.length_cap
+            )
             rate = self.task_acceptance.get(planned.klass, self.task_acceptance.get("*"))
             if rate is not None:
                 body["vllm_xargs"] = {"spec_acceptance_rate": rate}

@@ -206,6 +206,7 @@ class OpenAIServer:
             seed=generation.seed,
             min_tokens=generation.min_tokens,
             stop_token_ids=generation.stop_token_ids,
+            logit_bias=generation.logit_bias,
             ignore_eos=generation.ignore_eos,
             cache_salt=generation.cache_salt,
             acceptance_rate=generation.acceptance_rate,

@@ -9,6 +9,7 @@ import random
 import time
 import uuid
 import zlib
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +22,7 @@ from tandem.emulator.lora import Adapter, LoraAdapters
 from tandem.emulator.metrics import EmulatedGPU, EngineMetrics, SpecDecodeCounters
 from tandem.emulator.profile import TimingProfile
 from tandem.emulator.request import EngineRequest, FinishReason, Status
+from tandem.emulator.sampling import TokenRule
 from tandem.emulator.scheduler import Batch, Scheduler
 from tandem.emulator.sleep import SleepMode
 from tandem.emulator.tokenizer import PromptTokenizer
@@ -194,6 +196,7 @@ class EmulatedEngine:
         seed: int | None = None,
         min_tokens: int = 0,
         stop_token_ids: tuple[int, ...] = (),
+        logit_bias: Mapping[int, float] | None = None,
         ignore_eos: bool = False,
         cache_salt: str | None = None,
         acceptance_rate: float | None = None,
@@ -211,6 +214,7 @@ class EmulatedEngine:
             rng_state=(base ^ self.config.seed) & 0xFFFFFFFF,
             min_tokens=min_tokens,
             stop_token_ids=stop_token_ids,
+            token_rule=TokenRule.of(logit_bias or {}, stop_token_ids, min_tokens),
             ignore_eos=ignore_eos,
             cache_salt=cache_salt,
             lora=(adapter.name, adapter.path) if adapter else None,

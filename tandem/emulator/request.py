@@ -7,6 +7,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from tandem.emulator.sampling import TokenRule
+
 
 class Status(enum.IntEnum):
     WAITING = 0
@@ -60,6 +62,7 @@ class EngineRequest:
     rng_state: int = 1
     min_tokens: int = 0
     stop_token_ids: tuple[int, ...] = ()
+    token_rule: TokenRule | None = None  # logit_bias and the min-tokens mask, when they matter
     eos_token_id: int | None = None
     ignore_eos: bool = False
     # speculative decoding: the chance that a drafted token is accepted

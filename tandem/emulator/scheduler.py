@@ -360,6 +360,10 @@ class Scheduler:
                 state = (request.rng_state * _LCG_A + _LCG_C) & _LCG_MASK
                 request.rng_state = state
                 token = output_ids[(state >> 8) % n_out]
+                if request.token_rule is not None:
+                    token = request.token_rule.choose(
+                        token, len(tokens) - request.num_prompt_tokens, output_ids
+                    )
                 tokens.append(token)
                 num_output = len(tokens) - request.num_prompt_tokens
                 if num_output >= request.max_tokens or len(tokens) >= max_len:

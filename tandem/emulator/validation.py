@@ -29,6 +29,7 @@ class Generation:
     stream: bool
     include_usage: bool
     return_token_ids: bool
+    logit_bias: dict[int, float] = field(default_factory=dict)  # token id: bias in [-100, 100]
     kv_transfer_params: dict[str, Any] | None = field(default=None)
     # Speculative decoding: this request's draft acceptance (`vllm_xargs.spec_acceptance_rate`).
     acceptance_rate: float | None = None
@@ -166,6 +167,41 @@ class RequestValidator:
             )
         return value
 
+    def logit_bias(self, body: dict[str, Any]) -> dict[int, float]:
+        """`logit_bias` as vLLM reads it: integer keys, biases clamped to [-100, 100], every
+        token inside the vocabulary."""
+        raw = body.get("logit_bias")
+        if raw is None:
+            return {}
+        if not isinstance(raw, dict) or not all(
+            isinstance(b, int | float) and not isinstance(b, bool) for b in raw.values()
+        ):
+            raise bad_request("logit_bias must map token ids to numbers", "logit_bias", raw)
+        bias: dict[int, float] = {}
+        invalid_keys: list[Any] = []
+        for key, value in raw.items():
+            try:
+                bias[int(key)] = min(100.0, max(-100.0, float(value)))
+            except ValueError:
+                invalid_keys.append(key)
+        if invalid_keys:
+            raise bad_request(
+                "logit_bias contains key(s) that cannot be converted to integer token IDs: "
+                f"{invalid_keys!r}",
+                "logit_bias",
+                invalid_keys,
+            )
+        vocab_size = self.tokenizer.vocab_size
+        out_of_vocab = [t for t in bias if t < 0 or t >= vocab_size]
+        if out_of_vocab:
+            raise bad_request(
+                f"token_id(s) {out_of_vocab} in logit_bias contain out-of-vocab token ids. "
+                f"Vocabulary size: {vocab_size}",
+                "logit_bias",
+                out_of_vocab,
+            )
+        return bias
+
     def generation(self, body: dict[str, Any], chat: bool) -> Generation:
         """Every check of /v1/completions (chat=False) or /v1/chat/completions, in vLLM's order."""
         model = self.model(body)
@@ -198,6 +234,7 @@ class RequestValidator:
         min_tokens = body.get("min_tokens") or 0
         if not isinstance(min_tokens, int) or min_tokens < 0:
             raise bad_request("min_tokens must be a non-negative integer", "min_tokens", min_tokens)
+        logit_bias = self.logit_bias(body)
         cache_salt = body.get("cache_salt")
         if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
             raise bad_request("cache_salt must be a non-empty string", "cache_salt", cache_salt)
@@ -222,6 +259,7 @@ class RequestValidator:
             if isinstance(stream_options, dict)
             else False,
             return_token_ids=bool(body.get("return_token_ids", False)),
+            logit_bias=logit_bias,
             kv_transfer_params=params,
             acceptance_rate=_acceptance_rate(body),
         )

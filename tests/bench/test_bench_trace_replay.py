@@ -7,7 +7,9 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from tandem_process import MODEL_DIR, TandemProcess
 
 from tandem.bench.main import main
@@ -119,6 +121,39 @@ def test_azure_window_with_text_prompts_that_tokenize_exactly(engine: str, tmp_p
     assert [by_index[t.index].output_tokens for t in timed] == [5 + i for i in range(8)]
     assert record.trace is not None
     assert record.trace.bound_block_hit_rate == 0.0  # no prefix information in this format
+    assert record.summary.failed == 0
+
+
+def max_tokens_asked(engine: str) -> tuple[float, float]:
+    """(requests, sum of their max_tokens) from the engine's vllm:request_params_max_tokens."""
+    families = text_string_to_metric_families(httpx.get(engine + "/metrics").text)
+    samples = {
+        s.name: s.value
+        for family in families
+        if family.name == "vllm:request_params_max_tokens"
+        for s in family.samples
+    }
+    return (
+        samples["vllm:request_params_max_tokens_count"],
+        samples["vllm:request_params_max_tokens_sum"],
+    )
+
+
+def test_length_cap_hides_each_length_and_the_engine_still_ends_there(
+    engine: str, tmp_path: Path
+) -> None:
+    """`--length-cap`: every request asks for max_tokens 64 and ends at the trace's length."""
+    rows = [f"2023-11-16 18:15:46.{100000 * i:06d},{200 + 50 * i},{1 + 7 * i}" for i in range(6)]
+    trace = tmp_path / "azure.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "\n".join(rows))
+    count_before, sum_before = max_tokens_asked(engine)
+    record = replay(
+        engine, trace, tmp_path, "--tokenizer", str(MODEL_DIR), "--trace-speedup", "4",
+        "--length-cap", "64", "--warmup", "0",
+    )  # fmt: skip
+    count_after, sum_after = max_tokens_asked(engine)
+    assert (count_after - count_before, sum_after - sum_before) == (6, 6 * 64)
+    assert sorted(r.output_tokens for r in record.requests) == [1 + 7 * i for i in range(6)]
     assert record.summary.failed == 0
 
 

@@ -92,6 +92,61 @@ def test_stop_string_ends_with_stop(tiny: Emulator) -> None:
     assert choice["text"] == text[: text.find(stop)]
 
 
+def test_a_forced_stop_token_ends_the_answer_right_after_min_tokens(tiny: Emulator) -> None:
+    """vLLM's way to end an answer at a chosen length without announcing it in max_tokens: the
+    stop token is masked until min_tokens tokens exist, then a bias of +100 makes it the next."""
+    body = {
+        "model": "tiny",
+        "prompt": PROMPT,
+        "max_tokens": 20,
+        "min_tokens": 6,
+        "stop_token_ids": [0],
+        "logit_bias": {"0": 100},
+        "return_token_ids": True,
+    }
+    choice = httpx.post(tiny.url + "/v1/completions", json=body).json()["choices"][0]
+    assert (choice["finish_reason"], choice["stop_reason"]) == ("stop", 0)
+    assert len(choice["token_ids"]) == 7
+    assert 0 not in choice["token_ids"][:6]
+    assert choice["token_ids"][-1] == 0
+    without_min = httpx.post(tiny.url + "/v1/completions", json={**body, "min_tokens": 0})
+    assert without_min.json()["choices"][0]["token_ids"] == [0]
+
+
+def test_a_bias_of_minus_100_bans_a_token(tiny: Emulator) -> None:
+    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 12, "return_token_ids": True}
+    plain = httpx.post(tiny.url + "/v1/completions", json=body).json()["choices"][0]["token_ids"]
+    banned = {str(t): -100 for t in plain[:3]}
+    biased = httpx.post(tiny.url + "/v1/completions", json={**body, "logit_bias": banned}).json()[
+        "choices"
+    ][0]["token_ids"]
+    assert len(biased) == 12
+    assert not set(plain[:3]) & set(biased)
+
+
+@pytest.mark.parametrize(
+    ("logit_bias", "message"),
+    [
+        (
+            {"x": 1},
+            "logit_bias contains key(s) that cannot be converted to integer token IDs: ['x']",
+        ),
+        (
+            {"1000000000": 1},
+            "token_id(s) [1000000000] in logit_bias contain out-of-vocab token ids.",
+        ),
+        ([1, 2], "logit_bias must map token ids to numbers"),
+    ],
+)
+def test_logit_bias_is_checked_as_vllm_checks_it(
+    tiny: Emulator, logit_bias: object, message: str
+) -> None:
+    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 4, "logit_bias": logit_bias}
+    r = httpx.post(tiny.url + "/v1/completions", json=body)
+    assert r.status_code == 400
+    assert r.json()["error"]["message"].startswith(message)
+
+
 @pytest.mark.parametrize(
     ("body", "status", "type_"),
     [

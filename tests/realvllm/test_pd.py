@@ -9,6 +9,8 @@ from collections.abc import Iterator
 import pytest
 from harness import PDCluster, Router, metrics_of, openai_client, stream_completion
 
+from tandem.bench.client import request_body
+from tandem.bench.workloads import PlannedRequest
 from tandem.common.routing import DisaggregationConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -84,6 +86,41 @@ def test_openai_client_streams_chat_through_prefill_and_decode(
     assert usage is not None
     assert usage.completion_tokens == 10
     assert_went_through_prefill_and_decode(pd, before, usage.prompt_tokens)
+
+
+def test_a_length_hidden_from_the_router_ends_where_planned_after_a_handoff(
+    pd: PDCluster, router: Router
+) -> None:
+    """`tandem bench --length-cap`'s body on real vLLM: max_tokens is the cap, and min_tokens,
+    stop_token_ids and a +100 logit_bias end the answer at its planned length. The prefill leg
+    (max_tokens 1, min_tokens dropped) ends on the stop token and still hands its KV over."""
+    planned = PlannedRequest(
+        index=0, at_s=0.0, prompt=LONG_PROMPT + "hidden length", prefix="", prompt_words=0,
+        max_tokens=7, klass="default", phase="trace",
+    )  # fmt: skip
+    body = request_body(planned, "completions", "tiny", ignore_eos=True, length_cap=32)
+    assert body["max_tokens"] == 32
+    before = metrics_of(pd.prefill.url), metrics_of(pd.decode.url)
+    raw = openai_client(router.url).completions.with_raw_response.create(
+        model="tiny",
+        prompt=body["prompt"],
+        max_tokens=body["max_tokens"],
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={
+            k: body[k] for k in ("ignore_eos", "min_tokens", "stop_token_ids", "logit_bias")
+        },
+    )
+    assert raw.headers["x-tandem-route"] == "disaggregated"
+    chunks = list(raw.parse())
+    usage = chunks[-1].usage
+    assert usage is not None
+    assert usage.completion_tokens == 7
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+    prefill, decode = metrics_of(pd.prefill.url), metrics_of(pd.decode.url)
+    assert changed(before[0], prefill, "vllm:request_success_total{finished_reason=stop}") == 1
+    assert changed(before[1], decode, "vllm:nixl_xfer_time_seconds_count") == 1
+    assert changed(before[1], decode, "vllm:nixl_num_failed_transfers_total") == 0
 
 
 INJECTED_ENGINE_ID = "injected-0000-4000-8000-client"
