@@ -456,6 +456,40 @@ def test_the_streams_delay_never_buys_a_p_d_wait_past_the_requests_own_target() 
     assert place([d], [p], ledger_of, past_target, "auto").prefill is None
 
 
+def test_ttft_bias_is_the_decayed_log_ratio_and_is_bounded() -> None:
+    _, ledger_of = ledger_table()
+    ledger = ledger_of(engine("p", "prefill"))
+    for _ in range(200):  # observed twice what the scaled prediction said, each time
+        ledger.learn_ttft_bias(0.1 * ledger.ttft_scale, 0.2)
+    assert ledger.ttft_scale == pytest.approx(2.0, rel=1e-3)
+    for _ in range(400):
+        ledger.learn_ttft_bias(0.1, 10.0)
+    assert ledger.ttft_scale == pytest.approx(4.0)  # at most 4x either way
+    ledger.learn_ttft_bias(0.0, 1.0)  # nothing predicted: nothing learned
+    assert ledger.ttft_scale == pytest.approx(4.0)
+
+
+def test_a_prefill_engine_slower_under_load_than_its_model_loses_its_requests() -> None:
+    """The cost models learn only from requests with nothing ahead; the bias, from all of them,
+    moves the P/D prefill to the engine that keeps its predictions."""
+    _, ledger_of = ledger_table()
+    d, p1, p2 = engine("d", "decode"), engine("p1", "prefill"), engine("p2", "prefill")
+    behind(ledger_of(d), 8000)  # local is far behind: P/D
+    behind(ledger_of(p2), 400)  # p2 has a little of this router's work open, p1 none
+    inputs = inputs_for(2000, ttft_ms=1000)
+    placement = place([d], [p1, p2], ledger_of, inputs, "auto")
+    assert placement.prefill is not None
+    assert placement.prefill.engine is p1
+    slow = ledger_of(p1)
+    for _ in range(40):  # p1's answers under load take twice the predicted time
+        slow.learn_ttft_bias(0.055 * slow.ttft_scale, 0.110)
+    placement = place([d], [p1, p2], ledger_of, inputs, "auto")
+    assert placement.prefill is not None
+    assert placement.prefill.engine is p2
+    assert placement.prefill_ranking == [p2, p1]
+    assert decode_candidate(d, ledger_of(d), inputs).ttft_s == pytest.approx(0.2 + 0.055)
+
+
 def test_pick_prefers_the_cached_engine_and_the_idle_one() -> None:
     _, ledger_of = ledger_table()
     a, b = engine("a", "both"), engine("b", "both")

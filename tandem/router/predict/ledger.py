@@ -38,7 +38,16 @@ a slack b0 (`placement.stream_slack_s`: the stall its TPOT target can absorb ove
 left, so the tightest stream's slack is min(key) - S(t): a heap of the keys, O(log streams) per
 stream and O(1) per read (ended streams leave the heap lazily).
 The squared log errors are exponentially weighted means of ln(observed / predicted)², the sigma of
-`slo.meet_probability`.
+`slo.meet_probability`. The TTFT bias β corrects the engine's predicted time to a first token
+(`placement.first_token_s`: e^β · (backlog + prefill time)) from every request prefilled there:
+
+    β ← clamp(β + w · ln(observed / predicted), -ln 4, ln 4),   w = ERROR_WEIGHT
+
+with the prediction it was placed on (already scaled by e^β), so β is the decayed mean of the
+log ratio the unscaled prediction had. The cost models learn only from requests with nothing
+predicted ahead of them, which an engine under steady load rarely serves; an engine slower (or
+faster) than its model under load, or a backlog that drains slower than predicted, stays wrong
+there and is corrected here.
 """
 
 from __future__ import annotations
@@ -51,6 +60,7 @@ from tandem.router.predict.cost_model import EngineCosts
 ERROR_WEIGHT = 0.05  # per observation: a window of about 20 requests
 INITIAL_SQUARED_LOG_ERROR = 0.25  # sigma = 0.5 until the engine has been observed
 MIN_SIGMA = 0.05
+MAX_LOG_BIAS = math.log(4.0)  # the TTFT bias scales a prediction by at most 4x either way
 
 
 class EngineLedger:
@@ -71,6 +81,7 @@ class EngineLedger:
         "stream_tokens",
         "streams",
         "tpot_squared_log_error",
+        "ttft_log_bias",
         "ttft_squared_log_error",
     )
 
@@ -92,6 +103,7 @@ class EngineLedger:
         self.last_placed: float | None = None  # when this router last sent a prefill here
         self.ttft_squared_log_error = INITIAL_SQUARED_LOG_ERROR
         self.tpot_squared_log_error = INITIAL_SQUARED_LOG_ERROR
+        self.ttft_log_bias = 0.0  # β: ln of the factor on this engine's predicted first token
 
     def prefill_share(self, now: float) -> float:
         """share(now) (module docstring)."""
@@ -137,6 +149,18 @@ class EngineLedger:
             else:
                 del ended[key]
         return keys[0] - self.stall_clock if keys else None
+
+    @property
+    def ttft_scale(self) -> float:
+        """e^β (module docstring)."""
+        return math.exp(self.ttft_log_bias)
+
+    def learn_ttft_bias(self, predicted_s: float, observed_s: float) -> None:
+        """β ← clamp(β + w · ln(observed / predicted)) (module docstring)."""
+        if predicted_s <= 0.0 or observed_s <= 0.0:
+            return
+        bias = self.ttft_log_bias + ERROR_WEIGHT * math.log(observed_s / predicted_s)
+        self.ttft_log_bias = min(max(bias, -MAX_LOG_BIAS), MAX_LOG_BIAS)
 
     def ttft_sigma(self) -> float:
         return max(math.sqrt(self.ttft_squared_log_error), MIN_SIGMA)

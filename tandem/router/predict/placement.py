@@ -19,11 +19,12 @@ its targets (T_ttft, T_tpot, `slo.py`) and block size B, with each engine's lear
                    work ahead of it and its own are done
 
   local on decode engine d:
-    TTFT  = backlog(d) + prefill_s_d(through(d))
+    TTFT  = e^β_d · (backlog(d) + prefill_s_d(through(d)))    (β_d: the engine's TTFT bias,
+            learned from every request prefilled there, `ledger.py`)
     stall = prefill_compute_s_d(own work)  (what each stream decoding on d waits for it)
     TPOT  = step_s_d(streams(d) + 1, context(d) + P + L / 2) / (1 - min(share(d), 0.9))
   prefill engine p, then decode engine d:
-    wait  = max(busy(d) - TTFT_p, 0), TTFT_p = backlog(p) + prefill_s_p(through(p)),
+    wait  = max(busy(d) - TTFT_p, 0), TTFT_p = e^β_p · (backlog(p) + prefill_s_p(through(p))),
             busy(d) = backlog(d) + prefill_s_d(ahead(d)) (0 without either): the pulled request
             joins d's waiting queue behind the prefill work already there
     TTFT  = TTFT_p + wait + handoff_s_d(P)
@@ -188,6 +189,12 @@ def through_first_token(ahead: Work, own: Work) -> Work:
     return Work(ahead.tokens + own.tokens, ahead.pairs + own.pairs)
 
 
+def first_token_s(ledger: EngineLedger, backlog_s: float, through: Work) -> float:
+    """e^β · (backlog(e) + prefill_s_e(through(e))): the engine's time to the request's first
+    token, scaled by its TTFT bias (`ledger.py`)."""
+    return ledger.ttft_scale * (backlog_s + ledger.costs.prefill_s(through.tokens, through.pairs))
+
+
 def handoff_wait_s(decode: Candidate, prefill_s: float) -> float:
     """max(busy(d) - prefill_s, 0): how long a request whose prefill elsewhere takes `prefill_s`
     waits on decode engine d for the prefill work there before it (module docstring)."""
@@ -210,7 +217,7 @@ def decode_candidate(engine: Engine, ledger: EngineLedger, inputs: PlacementInpu
     context = ledger.stream_tokens + (foreign * inputs.mean_stream_tokens if foreign > 0 else 0.0)
     output = inputs.output
     through = through_first_token(ahead, own)
-    ttft = backlog + costs.prefill_s(through.tokens, through.pairs)
+    ttft = first_token_s(ledger, backlog, through)
     stall = costs.prefill_compute_s(own.tokens, own.pairs)
     share = ledger.prefill_share(inputs.now)
     tpot = slowed_by_prefills(
@@ -282,7 +289,7 @@ def _prefill_pick(engine: Engine, ledger: EngineLedger, inputs: PlacementInputs)
     ahead = ahead_work(engine, inputs)
     backlog = ledger.backlog_s(inputs.now)
     through = through_first_token(ahead, own)
-    ttft = backlog + ledger.costs.prefill_s(through.tokens, through.pairs)
+    ttft = first_token_s(ledger, backlog, through)
     return PrefillPick(engine, ledger, own, backlog, ahead, through, ttft)
 
 

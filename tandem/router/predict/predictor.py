@@ -298,6 +298,7 @@ class Ticket:
         ledger = prefill.ledger
         if prefill.ahead.tokens <= 0.0 and prefill.backlog_s <= 0.0:
             ledger.costs.observe_prefill(prefill.own.tokens, prefill.own.pairs, seconds)
+        ledger.learn_ttft_bias(prefill.ttft_s, seconds)
         squared = self.predictor.observe_error("prefill", prefill.ttft_s, seconds)
         ledger.ttft_squared_log_error += ERROR_WEIGHT * (squared - ledger.ttft_squared_log_error)
 
@@ -313,6 +314,7 @@ class Ticket:
             decode = placement.decode
             if decode.ahead.tokens <= 0.0 and decode.backlog_s <= 0.0:
                 ledger.costs.observe_prefill(decode.own.tokens, decode.own.pairs, observed)
+            ledger.learn_ttft_bias(placement.ttft_s, observed)
         elif self._prefill_done is not None and self._handoff_clean:
             ledger.costs.observe_handoff(self.prompt_tokens, first - self._prefill_done)
         squared = self.predictor.observe_error("ttft", placement.ttft_s, observed)
