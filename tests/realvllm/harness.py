@@ -310,10 +310,18 @@ class Router(TandemProcess):
         return engines
 
     def wait_engines_healthy(self, dead: set[str], timeout_s: float = 30.0) -> None:
-        """Until the router sees every engine healthy but the `dead` ones (URLs)."""
+        """Until every process of the router serves and sees every engine healthy but the `dead`
+        ones (URLs). The router answers as soon as one process serves; on a starved machine the
+        next may start seconds later, and a test of several processes needs them all."""
+        processes = self.config.processes
+        every = {str(i) for i in range(processes)}
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if all(e["healthy"] for e in self.engines() if e["url"] not in dead):
+            if all(
+                e["healthy"] and (processes == 1 or set(e["processes"]) == every)
+                for e in self.engines()
+                if e["url"] not in dead
+            ):
                 return
             time.sleep(0.2)
         raise TimeoutError(f"router does not see every engine healthy: {self.engines()}")
