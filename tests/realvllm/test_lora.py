@@ -207,17 +207,20 @@ def test_the_router_reads_the_adapter_slots_vllm_reports(
     lora_pd: PDCluster, router: Router
 ) -> None:
     """While an adapter request decodes, vllm:lora_requests_info names it running; the router's
-    view of the engine follows."""
+    view of the engine follows. The request is as long as the context allows (a quiet machine
+    once finished 300 tokens before a poll saw them), and the engine is polled without pause."""
     done = threading.Event()
+    status: list[int] = []
 
     def long_request() -> None:
         try:
-            httpx.post(
+            answer = httpx.post(
                 f"{lora_pd.decode.url}/v1/completions",
-                json=completion("ad1", [7] * 40, max_tokens=300, ignore_eos=True),
+                json=completion("ad1", [7] * 40, max_tokens=1900, ignore_eos=True),
                 headers=engine_key(lora_pd),
-                timeout=120,
+                timeout=180,
             )
+            status.append(answer.status_code)
         finally:
             done.set()
 
@@ -225,7 +228,7 @@ def test_the_router_reads_the_adapter_slots_vllm_reports(
     worker.start()
     seen_engine = seen_router = None
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120
         while not done.is_set() and time.monotonic() < deadline:
             slots = parse_lora_slots(httpx.get(f"{lora_pd.decode.url}/metrics", timeout=10).content)
             if slots is not None and "ad1" in slots.running:
@@ -235,9 +238,10 @@ def test_the_router_reads_the_adapter_slots_vllm_reports(
                 seen_router = view["lora"]
             if seen_engine and seen_router:
                 break
-            time.sleep(0.1)
+            time.sleep(0.02)
     finally:
-        worker.join(130)
+        worker.join(190)
+    assert status == [200], status
     assert seen_engine is not None
     assert seen_engine.max_loras == 1
     assert seen_router == {"max_loras": 1, "running": ["ad1"], "waiting": seen_router["waiting"]}

@@ -24,8 +24,12 @@ from tandem.router.handoff import prefill_body
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 PROMPT = "An engine asked to stop while it still holds this request's tokens. " * 6
-LONG = 600  # tokens of a request that is still running when the signal comes
-# (a stream's chunks may carry several tokens each: its count is of chunks)
+# Tokens of a request that is still running when the signal comes: nearly all that the tiny
+# example's context (2048) leaves after PROMPT's 306 tokens (vLLM cuts a longer max_tokens to
+# fit), so that a quiet machine, decoding the tiny model at hundreds of tokens a second, still
+# holds both requests for seconds (600 tokens once ended before the test saw both running).
+# A stream's chunks may carry several tokens each: its count is of chunks.
+LONG = 1700
 
 
 def _shutdown_timeout(engine: EngineProcess) -> int:
@@ -103,13 +107,17 @@ class InFlight:
 
     def wait_both_running(self, timeout_s: float = 60) -> bool:
         """Until the engine reports both requests running (the stream streams by then; the plain
-        request's thread may not have sent it yet, and one sent after the signal is refused)."""
+        request's thread may not have sent it yet, and one sent after the signal is refused);
+        False once either has ended or the time is up."""
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not self.ended():
             if metrics_of(self.url).get("vllm:num_requests_running", 0.0) >= 2:
                 return True
-            time.sleep(0.1)
+            time.sleep(0.02)
         return False
+
+    def ended(self) -> bool:
+        return any(not thread.is_alive() for thread in self._threads)
 
     def _body(self, stream: bool) -> dict[str, Any]:
         return {
@@ -173,6 +181,20 @@ class InFlight:
         )
 
 
+def _both_in_flight(engine: EngineProcess, timeout_s: float, attempts: int = 3) -> InFlight:
+    """A pair of LONG requests the engine reports running together. A pair that a stalled poll
+    missed until one of them ended is waited out and replaced: the signal must find both in
+    flight, whatever the machine's speed."""
+    for _ in range(attempts):
+        flight = InFlight(engine, timeout_s)
+        assert flight.streaming.wait(60), flight.summary()
+        if flight.wait_both_running():
+            return flight
+        flight.join(timeout_s + 10)
+        print(f"a pair ended before it was seen running together: {flight.summary()}")
+    raise AssertionError(f"{attempts} pairs of {LONG}-token requests never seen running together")
+
+
 def _finish(body: Any) -> Any:
     if isinstance(body, dict) and body.get("choices"):
         choice = body["choices"][0]
@@ -202,9 +224,7 @@ def test_shutdown_timeout_drains_in_flight_requests_and_refuses_new_ones(
     engines.ensure_engines(engines.decode)
     engine = engines.decode
     assert _shutdown_timeout(engine) >= 60  # the operator's rendering (105 s by default)
-    flight = InFlight(engine)
-    assert flight.streaming.wait(60), flight.summary()
-    assert flight.wait_both_running(), flight.summary()
+    flight = _both_in_flight(engine, timeout_s=120)
     sent = _sigterm(engine)
     time.sleep(0.5)
     during = _probe(engine)
@@ -314,9 +334,7 @@ def test_default_sigterm_loses_in_flight_requests(engines: PDCluster) -> None:
     neither gets anything more, and the API server waits
     for its clients to give up (here a 15 s read timeout) before it exits."""
     engine = engines.decode = _with(engines.decode, 0)
-    flight = InFlight(engine, timeout_s=15)
-    assert flight.streaming.wait(60), flight.summary()
-    assert flight.wait_both_running(), flight.summary()
+    flight = _both_in_flight(engine, timeout_s=15)
     sent = _sigterm(engine)
     time.sleep(5)
     alive_after_5_s = engine.alive()
