@@ -460,13 +460,22 @@ def test_ttft_bias_is_the_decayed_log_ratio_and_is_bounded() -> None:
     _, ledger_of = ledger_table()
     ledger = ledger_of(engine("p", "prefill"))
     for _ in range(200):  # observed twice what the scaled prediction said, each time
-        ledger.learn_ttft_bias(0.1 * ledger.ttft_scale, 0.2)
+        ledger.learn_ttft(math.log(0.2 / (0.1 * ledger.ttft_scale)), prefilled_here=True)
     assert ledger.ttft_scale == pytest.approx(2.0, rel=1e-3)
+    assert ledger.ttft_sigma() == pytest.approx(0.05, abs=1e-3)  # the scaled predictions were right
     for _ in range(400):
-        ledger.learn_ttft_bias(0.1, 10.0)
+        ledger.learn_ttft(math.log(100.0), prefilled_here=True)
     assert ledger.ttft_scale == pytest.approx(4.0)  # at most 4x either way
-    ledger.learn_ttft_bias(0.0, 1.0)  # nothing predicted: nothing learned
+    assert ledger.ttft_sigma() == pytest.approx(math.log(100.0), rel=1e-3)
+    ledger.learn_ttft(-math.log(100.0), prefilled_here=False)  # a handoff: the bias stays
     assert ledger.ttft_scale == pytest.approx(4.0)
+
+
+def test_an_observation_of_nothing_teaches_nothing() -> None:
+    predictor = Predictor(PredictiveConfig(), RouterMetrics())
+    assert predictor.observe_error("ttft", 0.0, 1.0) is None
+    assert predictor.observe_error("ttft", 1.0, 0.0) is None
+    assert predictor.observe_error("ttft", 0.5, 1.0) == pytest.approx(math.log(2.0))
 
 
 def test_a_prefill_engine_slower_under_load_than_its_model_loses_its_requests() -> None:
@@ -482,7 +491,7 @@ def test_a_prefill_engine_slower_under_load_than_its_model_loses_its_requests() 
     assert placement.prefill.engine is p1
     slow = ledger_of(p1)
     for _ in range(40):  # p1's answers under load take twice the predicted time
-        slow.learn_ttft_bias(0.055 * slow.ttft_scale, 0.110)
+        slow.learn_ttft(math.log(0.110 / (0.055 * slow.ttft_scale)), prefilled_here=True)
     placement = place([d], [p1, p2], ledger_of, inputs, "auto")
     assert placement.prefill is not None
     assert placement.prefill.engine is p2

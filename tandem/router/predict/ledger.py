@@ -155,12 +155,19 @@ class EngineLedger:
         """e^β (module docstring)."""
         return math.exp(self.ttft_log_bias)
 
-    def learn_ttft_bias(self, predicted_s: float, observed_s: float) -> None:
-        """β ← clamp(β + w · ln(observed / predicted)) (module docstring)."""
-        if predicted_s <= 0.0 or observed_s <= 0.0:
-            return
-        bias = self.ttft_log_bias + ERROR_WEIGHT * math.log(observed_s / predicted_s)
-        self.ttft_log_bias = min(max(bias, -MAX_LOG_BIAS), MAX_LOG_BIAS)
+    def learn_ttft(self, log_ratio: float, *, prefilled_here: bool) -> None:
+        """One first token's ln(observed / predicted): the squared log error's mean moves by
+        w · (r² - mean), and β ← clamp(β + w · r) when this engine did the prefill (module
+        docstring)."""
+        self.ttft_squared_log_error += ERROR_WEIGHT * (log_ratio**2 - self.ttft_squared_log_error)
+        if prefilled_here:
+            bias = self.ttft_log_bias + ERROR_WEIGHT * log_ratio
+            self.ttft_log_bias = min(max(bias, -MAX_LOG_BIAS), MAX_LOG_BIAS)
+
+    def learn_tpot(self, log_ratio: float) -> None:
+        """One stream's ln(observed / predicted) TPOT: its squared log error's mean moves by
+        w · (r² - mean)."""
+        self.tpot_squared_log_error += ERROR_WEIGHT * (log_ratio**2 - self.tpot_squared_log_error)
 
     def ttft_sigma(self) -> float:
         return max(math.sqrt(self.ttft_squared_log_error), MIN_SIGMA)

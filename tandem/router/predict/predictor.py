@@ -46,7 +46,7 @@ from tandem.common.routing import PredictiveConfig
 from tandem.router.engines import Engine
 from tandem.router.metrics import RouterMetrics
 from tandem.router.predict.cost_model import EngineCosts
-from tandem.router.predict.ledger import ERROR_WEIGHT, EngineLedger
+from tandem.router.predict.ledger import EngineLedger
 from tandem.router.predict.output_length import LengthKeys, LengthPrediction, OutputLengthModel
 from tandem.router.predict.placement import MAX_SHARE, Placement, stream_slack_s
 from tandem.router.predict.slo import SloTarget
@@ -120,14 +120,15 @@ class Predictor:
             placement.decode.ledger.add_prefill(now, placement.decode.stall_s)
         return Ticket(self, placement, prompt_tokens, output, keys, target, streaming, now)
 
-    def observe_error(self, quantity: str, predicted: float, observed: float) -> float:
-        """Records |observed - predicted| / observed; returns ln(observed / predicted)²."""
+    def observe_error(self, quantity: str, predicted: float, observed: float) -> float | None:
+        """Records |observed - predicted| / observed; returns ln(observed / predicted), None
+        when either is not positive (nothing to learn from)."""
         if observed <= 0.0 or predicted <= 0.0:
-            return 0.0
+            return None
         self.metrics.child(self.metrics.prediction_error, quantity).observe(
             abs(observed - predicted) / observed
         )
-        return math.log(observed / predicted) ** 2
+        return math.log(observed / predicted)
 
 
 class Ticket:
@@ -298,9 +299,9 @@ class Ticket:
         ledger = prefill.ledger
         if prefill.ahead.tokens <= 0.0 and prefill.backlog_s <= 0.0:
             ledger.costs.observe_prefill(prefill.own.tokens, prefill.own.pairs, seconds)
-        ledger.learn_ttft_bias(prefill.ttft_s, seconds)
-        squared = self.predictor.observe_error("prefill", prefill.ttft_s, seconds)
-        ledger.ttft_squared_log_error += ERROR_WEIGHT * (squared - ledger.ttft_squared_log_error)
+        log_ratio = self.predictor.observe_error("prefill", prefill.ttft_s, seconds)
+        if log_ratio is not None:
+            ledger.learn_ttft(log_ratio, prefilled_here=True)
 
     def _learn_first_byte(self, ledger: EngineLedger) -> None:
         placement = self.placement
@@ -310,15 +311,16 @@ class Ticket:
         if self._first_engine is not placement.decode.engine:
             return  # retried on another engine: not what was predicted
         observed = first - start
-        if placement.prefill is None:
+        local = placement.prefill is None
+        if local:
             decode = placement.decode
             if decode.ahead.tokens <= 0.0 and decode.backlog_s <= 0.0:
                 ledger.costs.observe_prefill(decode.own.tokens, decode.own.pairs, observed)
-            ledger.learn_ttft_bias(placement.ttft_s, observed)
         elif self._prefill_done is not None and self._handoff_clean:
             ledger.costs.observe_handoff(self.prompt_tokens, first - self._prefill_done)
-        squared = self.predictor.observe_error("ttft", placement.ttft_s, observed)
-        ledger.ttft_squared_log_error += ERROR_WEIGHT * (squared - ledger.ttft_squared_log_error)
+        log_ratio = self.predictor.observe_error("ttft", placement.ttft_s, observed)
+        if log_ratio is not None:
+            ledger.learn_ttft(log_ratio, prefilled_here=local)
 
     def _learn_stream(
         self, ledger: EngineLedger, output_tokens: int, last_event: float | None
@@ -347,7 +349,6 @@ class Ticket:
             ledger.costs.observe_step(
                 decode.streams + 1, decode.context + self._stream_tokens, step
             )
-            squared = predictor.observe_error("tpot", decode.tpot_s, tpot)
-            ledger.tpot_squared_log_error += ERROR_WEIGHT * (
-                squared - ledger.tpot_squared_log_error
-            )
+            log_ratio = predictor.observe_error("tpot", decode.tpot_s, tpot)
+            if log_ratio is not None:
+                ledger.learn_tpot(log_ratio)
