@@ -36,6 +36,7 @@ from tandem.router.predict.placement import (
     through_first_token,
 )
 from tandem.router.predict.predictor import MIN_TPOT_TOKENS, Predictor
+from tandem.router.predict.prefill_queue import QueuedPrefill
 from tandem.router.predict.slo import SloTarget, meet_probability, slo_class, slo_target
 from tandem.router.relay import completion_tokens
 
@@ -204,9 +205,10 @@ def engine(name: str, role: str) -> Engine:
     return Engine(f"http://{name}:8000", roles)
 
 
-def behind(ledger: EngineLedger, tokens: float) -> None:
-    """This router's prefill work of `tokens` placed on the ledger's engine at time 100."""
-    ledger.queue_work(100.0, tokens, 0.0, ledger.costs.prefill_compute_s(tokens, 0.0))
+def behind(ledger: EngineLedger, tokens: float) -> QueuedPrefill:
+    """This router's prefill work of `tokens` placed on the ledger's engine at time 100: one step
+    of 5 ms + 25 ms per 1,000 tokens at the seeds of `ledger_table`, up to 8,192 tokens."""
+    return ledger.queue_work(100.0, tokens, 0.0)
 
 
 def ledger_table(
@@ -278,10 +280,10 @@ def test_pd_when_local_misses_its_ttft_and_pd_meets() -> None:
     assert placement.prefill is not None  # local: 205 ms
     assert placement.prefill.engine is p
     assert placement.prefill_ranking == [p]
-    # the handed-off request waits for d's 150 ms of prefill work, 55 ms of it during its own
+    # the handed-off request waits for d's 155 ms of prefill work, 55 ms of it during its own
     # prefill on p, then the 11 ms handoff
-    assert placement.handoff_wait_s == pytest.approx(0.150 - 0.055)
-    assert placement.ttft_s == pytest.approx(0.150 + 0.011)
+    assert placement.handoff_wait_s == pytest.approx(0.155 - 0.055)
+    assert placement.ttft_s == pytest.approx(0.155 + 0.011)
 
 
 def test_handoff_waits_for_the_decode_engines_prefill_work_beyond_its_own_prefill() -> None:
@@ -289,9 +291,9 @@ def test_handoff_waits_for_the_decode_engines_prefill_work_beyond_its_own_prefil
     d = engine("d", "decode")
     candidate = decode_candidate(d, ledger_of(d), inputs_for(2000))
     assert handoff_wait_s(candidate, 0.1) == 0.0  # nothing ahead on d
-    behind(ledger_of(d), 8000)  # 200 ms of prefill work ahead on d
+    behind(ledger_of(d), 8000)  # 205 ms of prefill work ahead on d
     candidate = decode_candidate(d, ledger_of(d), inputs_for(2000))
-    assert handoff_wait_s(candidate, 0.1) == pytest.approx(0.1)
+    assert handoff_wait_s(candidate, 0.1) == pytest.approx(0.105)
     assert handoff_wait_s(candidate, 0.3) == 0.0  # done before the prefill elsewhere ends
 
 
@@ -299,43 +301,33 @@ def test_prefill_pool_behind_is_a_predicted_wait_and_keeps_it_local() -> None:
     _, ledger_of = ledger_table()
     d, p1, p2 = engine("d", "decode"), engine("p1", "prefill"), engine("p2", "prefill")
     behind(ledger_of(d), 8000)
-    behind(ledger_of(p1), 20000)  # this router's own unfinished prefills
+    open_on_p1 = behind(ledger_of(p1), 20000)  # this router's own unfinished prefills
     p2.waiting, p2.pending_at_scrape = 30, 0  # other routers' queue, seen in the engine's metrics
     placement = place([d], [p1, p2], ledger_of, inputs_for(2000), "auto")
     assert placement.prefill is None  # P/D would miss too: local, never a hop that loses
-    ledger_of(p1).work_done(100.0, 20000, 0.0)  # done: no backlog left
+    ledger_of(p1).work_done(100.0, open_on_p1, computed=True)  # done: no backlog left
     placement = place([d], [p1, p2], ledger_of, inputs_for(2000), "auto")
     assert placement.prefill is not None
     assert placement.prefill.engine is p1
 
 
-def test_backlog_is_the_predicted_work_left_and_clears_when_the_work_is_done() -> None:
+def test_backlog_is_the_replayed_queue_and_first_tokens_correct_it() -> None:
     _, ledger_of = ledger_table()
     ledger = ledger_of(engine("d", "decode"))
-    ledger.queue_work(100.0, 4000, 0.0, 0.1)
-    ledger.queue_work(100.05, 2000, 0.0, 0.05)  # queued behind the first: ends at 100.15
-    assert ledger.backlog_s(100.05) == pytest.approx(0.1)  # half of the first is computed
-    assert ledger.backlog_s(100.2) == 0.0  # past its predicted end: nothing left
-    ledger.work_done(100.06, 4000, 0.0)  # the first ends: what is open is read again
-    second = ledger.costs.prefill_compute_s(2000, 0.0)
-    assert ledger.backlog_s(100.06) == pytest.approx(second)
-    ledger.work_done(100.08, 2000, 0.0)  # done sooner than predicted
-    assert ledger.backlog_s(100.08) == 0.0
+    first = ledger.queue_work(100.0, 4000, 0.0)  # a step of 105 ms
+    second = ledger.queue_work(100.0, 2000, 0.0)  # in the same step: 155 ms
+    third = ledger.queue_work(100.05, 2000, 0.0)  # the next step: 55 ms
+    assert ledger.backlog_s(100.05) == pytest.approx(0.105 + 0.055)
+    assert ledger.queued_tokens == 8000
+    ledger.work_done(100.06, second, computed=True)  # first token: the first is done too
+    assert ledger.queued_tokens == 2000
+    ledger.work_done(100.06, first, computed=True)  # a late first token changes nothing
+    assert ledger.backlog_s(100.06) == pytest.approx(0.055)  # the next step starts now
+    ledger.work_done(100.07, third, computed=False)  # abandoned: it leaves alone
+    assert ledger.backlog_s(100.07) == 0.0
     assert ledger.queued_tokens == 0.0
-    ledger.queue_work(100.1, 1000, 0.0, 0.02)
-    assert ledger.backlog_s(100.1) == pytest.approx(0.02)  # starts from now, not from before
-
-
-def test_an_engine_slower_than_predicted_is_not_read_as_idle_while_work_is_open() -> None:
-    _, ledger_of = ledger_table()
-    ledger = ledger_of(engine("p", "prefill"))
-    each = ledger.costs.prefill_compute_s(4000, 0.0)
-    for _ in range(3):
-        ledger.queue_work(100.0, 4000, 0.0, each)
-    late = 100.0 + 3 * each + 1.0  # all three predicted done a second ago
-    assert ledger.backlog_s(late) == 0.0
-    ledger.work_done(late, 4000, 0.0)  # only the first has ended
-    assert ledger.backlog_s(late) == pytest.approx(2 * each)
+    ledger.queue_work(100.1, 1000, 0.0)
+    assert ledger.backlog_s(100.1) == pytest.approx(0.03)  # starts from now, not from before
 
 
 def test_stream_slack_counts_every_prefill_that_lands_while_it_runs() -> None:
@@ -432,7 +424,8 @@ def test_interference_budget_sends_prefills_to_the_pool_unless_only_local_meets(
     d.in_flight = 1  # one stream: 55 + 50 ms local against 221 ms P/D, but over budget
     placement = place([d], [p], ledger_of, inputs_for(2000, ttft_ms=300), "auto")
     assert placement.prefill is not None  # 0.28 + 0.05 > 0.3, and P/D meets its 300 ms
-    assert placement.ttft_s == pytest.approx(0.005 + 0.025 * 8.192 + 0.011)
+    # a step of p's 6,192 tokens ahead, one of its own 2,000, the handoff
+    assert placement.ttft_s == pytest.approx(0.005 + 0.025 * 6.192 + 0.005 + 0.025 * 2 + 0.011)
     placement = place([d], [p], ledger_of, inputs_for(2000, ttft_ms=100), "auto")
     assert placement.prefill is None  # P/D would miss 100 ms, local meets it: local
 
@@ -456,19 +449,15 @@ def test_the_streams_delay_never_buys_a_p_d_wait_past_the_requests_own_target() 
     assert place([d], [p], ledger_of, past_target, "auto").prefill is None
 
 
-def test_ttft_bias_is_the_decayed_log_ratio_and_is_bounded() -> None:
+def test_ttft_sigma_is_the_decayed_squared_log_ratio() -> None:
     _, ledger_of = ledger_table()
     ledger = ledger_of(engine("p", "prefill"))
-    for _ in range(200):  # observed twice what the scaled prediction said, each time
-        ledger.learn_ttft(math.log(0.2 / (0.1 * ledger.ttft_scale)), prefilled_here=True)
-    assert ledger.ttft_scale == pytest.approx(2.0, rel=1e-3)
-    assert ledger.ttft_sigma() == pytest.approx(0.05, abs=1e-3)  # the scaled predictions were right
+    for _ in range(200):
+        ledger.learn_ttft(0.0)  # predicted right each time
+    assert ledger.ttft_sigma() == pytest.approx(0.05, abs=1e-3)  # the floor
     for _ in range(400):
-        ledger.learn_ttft(math.log(100.0), prefilled_here=True)
-    assert ledger.ttft_scale == pytest.approx(4.0)  # at most 4x either way
+        ledger.learn_ttft(math.log(100.0))
     assert ledger.ttft_sigma() == pytest.approx(math.log(100.0), rel=1e-3)
-    ledger.learn_ttft(-math.log(100.0), prefilled_here=False)  # a handoff: the bias stays
-    assert ledger.ttft_scale == pytest.approx(4.0)
 
 
 def test_an_observation_of_nothing_teaches_nothing() -> None:
@@ -479,8 +468,8 @@ def test_an_observation_of_nothing_teaches_nothing() -> None:
 
 
 def test_a_prefill_engine_slower_under_load_than_its_model_loses_its_requests() -> None:
-    """The cost models learn only from requests with nothing ahead; the bias, from all of them,
-    moves the P/D prefill to the engine that keeps its predictions."""
+    """The cost models learn only from requests with nothing ahead; the queue's pace, from the
+    first tokens under load, moves the P/D prefill to the engine that keeps its predictions."""
     _, ledger_of = ledger_table()
     d, p1, p2 = engine("d", "decode"), engine("p1", "prefill"), engine("p2", "prefill")
     behind(ledger_of(d), 8000)  # local is far behind: P/D
@@ -489,14 +478,19 @@ def test_a_prefill_engine_slower_under_load_than_its_model_loses_its_requests() 
     placement = place([d], [p1, p2], ledger_of, inputs, "auto")
     assert placement.prefill is not None
     assert placement.prefill.engine is p1
-    slow = ledger_of(p1)
-    for _ in range(40):  # p1's answers under load take twice the predicted time
-        slow.learn_ttft(math.log(0.110 / (0.055 * slow.ttft_scale)), prefilled_here=True)
+    slow = ledger_of(p1).queue
+    seed = 0.005 + 0.025 * 2  # a prefill of 2,000 tokens at p1's seeds
+    for i in range(40):  # p1's prefills under load take twice the predicted time
+        first = slow.add(10.0 + i, 2000, 0.0, 0.0, 0.0)
+        second = slow.add(10.0 + i, 2000, 0.0, 0.0, 0.0)
+        slow.complete(first, 10.0 + i + 0.01, 0.0, 0.0)
+        slow.complete(second, 10.0 + i + 0.01 + 2 * seed, 0.0, 0.0)
+    assert slow.pace == pytest.approx(2.0, rel=0.1)  # the prior still weighs a little
     placement = place([d], [p1, p2], ledger_of, inputs, "auto")
     assert placement.prefill is not None
     assert placement.prefill.engine is p2
     assert placement.prefill_ranking == [p2, p1]
-    assert decode_candidate(d, ledger_of(d), inputs).ttft_s == pytest.approx(0.2 + 0.055)
+    assert decode_candidate(d, ledger_of(d), inputs).ttft_s == pytest.approx(0.205 + 0.055)
 
 
 def test_pick_prefers_the_cached_engine_and_the_idle_one() -> None:
@@ -606,7 +600,6 @@ def test_ticket_holds_and_gives_back_and_teaches() -> None:
     ticket = predictor.ticket(placement, 2000, output, keys, target, True, 100.0)
     assert ledger.queued_tokens == 2000
     assert ledger.prefills_open == 1
-    assert ledger.queued_pairs == 2e6
     assert ledger.prefill_share(100.0) == pytest.approx(placement.decode.stall_s)
     before = ledger.costs.prefill_s(2000, 2e6)
     ticket.first_byte(d, now=10.5, upstream_start=10.0, prefill_done=None)

@@ -27,6 +27,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from tandem.router.predict.prefill_queue import StepSeeds
+
 
 class OnlineLinear:
     """y ≈ θ·x, fitted by recursive least squares with forgetting factor λ:
@@ -160,10 +162,17 @@ class EngineCosts:
         d0, d1, d2 = self._step_seed
         return d0 + d1 * streams + d2 * context_tokens * 1e-3
 
-    def prefill_s(self, tokens: float, pairs: float) -> float:
+    def step_seeds(self) -> StepSeeds:
+        """The seeds of a mixed step of prefill chunks and decoding streams (`prefill_queue.py`)."""
+        s0, s1, s2 = self._prefill_seed
+        _, d1, d2 = self._step_seed
+        return StepSeeds(s0, s1, s2, d1, d2, self.chunk_tokens)
+
+    def prefill_s(self, tokens: float, pairs: float, pace: float | None = None) -> float:
         """a + κ · (s0 · steps + s1 · tokens / 1000 + s2 · pairs / 10⁶): a prefill of `tokens`
-        with `pairs` attention pairs (the work ahead included)."""
-        return self.prefill.predict(self._prefill_seed_s(tokens, pairs))
+        with `pairs` attention pairs (the work ahead included); `pace` in place of κ."""
+        fixed, scale = self.prefill.theta
+        return fixed + (scale if pace is None else pace) * self._prefill_seed_s(tokens, pairs)
 
     def prefill_compute_s(self, tokens: float, pairs: float) -> float:
         """κ · (s1 · tokens / 1000 + s2 · pairs / 10⁶): the engine time a prefill's tokens take,

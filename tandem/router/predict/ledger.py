@@ -1,22 +1,13 @@
 """What the router knows of one engine for prediction: its learned costs and its own open work.
 
-`queued_tokens` (and `queued_pairs`, their attention pairs) are the uncached prompt tokens of this
-router's requests sent to the engine whose prefill has not finished (first byte for a local route,
-the prefill answer for P/D);
-`busy_until` is when the engine is predicted to be done with that work: each request placed at t
-moves it to max(busy_until, t) + its predicted compute seconds, so the work still ahead at time t
-is
+`queue` is this router's unfinished prefill work there (the uncached prompt tokens of its requests
+whose prefill has not finished: first byte for a local route, the prefill answer for P/D), replayed
+in the engine's order at its learned pace (`prefill_queue.py`); the work still ahead at time t is
 
-    backlog(t) = max(busy_until - t, 0)
+    backlog(t) = drain(t)
 
-(the part of a request already computed no longer counts, as its tokens in `queued_tokens` would).
-Each time one of them finishes, at t, busy_until is re-read from what is still open:
-
-    busy_until = t + compute_s(queued_tokens, queued_pairs)
-
-(the predicted compute of this router's open work there, 0 when none is): an engine faster than
-predicted does not keep a backlog it has cleared, and one slower than predicted, past the end
-predicted for its work while some of it is still open, is not read as idle.
+at the decode load of this router's streams there (their count and `stream_tokens`): the part of
+a request already computed no longer counts, and each first token observed corrects the replay.
 `prefills_open` counts this router's requests prefilled there that have not ended (the models
 learn from a request when it ends).
 `streams`, `stream_tokens` and `stream_output_tokens` describe this router's requests decoding
@@ -38,16 +29,7 @@ a slack b0 (`placement.stream_slack_s`: the stall its TPOT target can absorb ove
 left, so the tightest stream's slack is min(key) - S(t): a heap of the keys, O(log streams) per
 stream and O(1) per read (ended streams leave the heap lazily).
 The squared log errors are exponentially weighted means of ln(observed / predicted)², the sigma of
-`slo.meet_probability`. The TTFT bias β corrects the engine's predicted time to a first token
-(`placement.first_token_s`: e^β · (backlog + prefill time)) from every request prefilled there:
-
-    β ← clamp(β + w · ln(observed / predicted), -ln 4, ln 4),   w = ERROR_WEIGHT
-
-with the prediction it was placed on (already scaled by e^β), so β is the decayed mean of the
-log ratio the unscaled prediction had. The cost models learn only from requests with nothing
-predicted ahead of them, which an engine under steady load rarely serves; an engine slower (or
-faster) than its model under load, or a backlog that drains slower than predicted, stays wrong
-there and is corrected here.
+`slo.meet_probability`.
 """
 
 from __future__ import annotations
@@ -56,11 +38,11 @@ import heapq
 import math
 
 from tandem.router.predict.cost_model import EngineCosts
+from tandem.router.predict.prefill_queue import PrefillQueue, QueuedPrefill
 
 ERROR_WEIGHT = 0.05  # per observation: a window of about 20 requests
 INITIAL_SQUARED_LOG_ERROR = 0.25  # sigma = 0.5 until the engine has been observed
 MIN_SIGMA = 0.05
-MAX_LOG_BIAS = math.log(4.0)  # the TTFT bias scales a prediction by at most 4x either way
 
 
 class EngineLedger:
@@ -69,19 +51,16 @@ class EngineLedger:
         "_share_sum",
         "_slack_ended",
         "_slack_keys",
-        "busy_until",
         "costs",
         "last_placed",
         "prefills_open",
-        "queued_pairs",
-        "queued_tokens",
+        "queue",
         "share_window_s",
         "stall_clock",
         "stream_output_tokens",
         "stream_tokens",
         "streams",
         "tpot_squared_log_error",
-        "ttft_log_bias",
         "ttft_squared_log_error",
     )
 
@@ -90,10 +69,8 @@ class EngineLedger:
         self.share_window_s = share_window_s
         self._share_sum = 0.0  # Σ s_i · exp(-(t - t_i) / w) at time _share_at
         self._share_at = 0.0
-        self.queued_tokens = 0.0
-        self.queued_pairs = 0.0
+        self.queue = PrefillQueue(costs.step_seeds(), lambda: costs.prefill.theta[1])
         self.prefills_open = 0  # this router's requests prefilled here that have not ended yet
-        self.busy_until = 0.0  # monotonic seconds: the end of the predicted backlog
         self.streams = 0
         self.stream_tokens = 0.0
         self.stream_output_tokens = 0.0
@@ -103,7 +80,6 @@ class EngineLedger:
         self.last_placed: float | None = None  # when this router last sent a prefill here
         self.ttft_squared_log_error = INITIAL_SQUARED_LOG_ERROR
         self.tpot_squared_log_error = INITIAL_SQUARED_LOG_ERROR
-        self.ttft_log_bias = 0.0  # β: ln of the factor on this engine's predicted first token
 
     def prefill_share(self, now: float) -> float:
         """share(now) (module docstring)."""
@@ -114,21 +90,29 @@ class EngineLedger:
 
     def backlog_s(self, now: float) -> float:
         """backlog(now) (module docstring)."""
-        return max(self.busy_until - now, 0.0)
+        return self.queue.drain_s(now, self.streams, self.stream_tokens)
 
-    def queue_work(self, now: float, tokens: float, pairs: float, compute_s: float) -> None:
-        """A prefill of `tokens` placed at `now`, predicted to take `compute_s` of engine time."""
-        self.queued_tokens += tokens
-        self.queued_pairs += pairs
-        self.busy_until = max(self.busy_until, now) + compute_s
+    def prefill_s(self, tokens: float, pairs: float) -> float:
+        """The prefill model's a + κ_q · seed (`cost_model.py`): its fixed part, at the queue's
+        pace (`prefill_queue.py`, whose prior is the model's κ)."""
+        return self.costs.prefill_s(tokens, pairs, self.queue.pace)
 
-    def work_done(self, now: float, tokens: float, pairs: float) -> None:
-        """A prefill placed here has finished (or failed) at `now`."""
-        self.queued_tokens -= tokens
-        self.queued_pairs -= pairs
-        if self.queued_tokens <= 0.0:
-            self.queued_tokens = self.queued_pairs = 0.0
-        self.busy_until = now + self.costs.prefill_compute_s(self.queued_tokens, self.queued_pairs)
+    @property
+    def queued_tokens(self) -> float:
+        return self.queue.tokens
+
+    def queue_work(self, now: float, tokens: float, pairs: float) -> QueuedPrefill:
+        """A prefill of `tokens` with `pairs` attention pairs placed at `now`; returns its entry."""
+        cached = pairs / tokens - tokens * 0.5 if tokens > 0.0 else 0.0
+        return self.queue.add(now, tokens, cached, self.streams, self.stream_tokens)
+
+    def work_done(self, now: float, entry: QueuedPrefill, *, computed: bool) -> None:
+        """A prefill placed here has ended at `now`: `computed` (its first token or P/D answer
+        came), or failed or was abandoned."""
+        if computed:
+            self.queue.complete(entry, now, self.streams, self.stream_tokens)
+        else:
+            self.queue.withdraw(entry)
 
     def add_prefill(self, now: float, compute_s: float) -> None:
         """A prefill of `compute_s` predicted seconds placed on the engine at `now`: it adds to the
@@ -150,19 +134,10 @@ class EngineLedger:
                 del ended[key]
         return keys[0] - self.stall_clock if keys else None
 
-    @property
-    def ttft_scale(self) -> float:
-        """e^β (module docstring)."""
-        return math.exp(self.ttft_log_bias)
-
-    def learn_ttft(self, log_ratio: float, *, prefilled_here: bool) -> None:
-        """One first token's ln(observed / predicted): the squared log error's mean moves by
-        w · (r² - mean), and β ← clamp(β + w · r) when this engine did the prefill (module
-        docstring)."""
+    def learn_ttft(self, log_ratio: float) -> None:
+        """One first token's ln(observed / predicted): its squared log error's mean moves by
+        w · (r² - mean)."""
         self.ttft_squared_log_error += ERROR_WEIGHT * (log_ratio**2 - self.ttft_squared_log_error)
-        if prefilled_here:
-            bias = self.ttft_log_bias + ERROR_WEIGHT * log_ratio
-            self.ttft_log_bias = min(max(bias, -MAX_LOG_BIAS), MAX_LOG_BIAS)
 
     def learn_tpot(self, log_ratio: float) -> None:
         """One stream's ln(observed / predicted) TPOT: its squared log error's mean moves by

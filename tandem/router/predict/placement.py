@@ -5,8 +5,9 @@ its targets (T_ttft, T_tpot, `slo.py`) and block size B, with each engine's lear
 (`cost_model.py`) and this router's record of its open work (`ledger.py`) at time t:
 
     uncached(e)  = u = max(P - hit_blocks(e) · B, 0),  its pairs(e) = u · (P - u + u / 2)
-    backlog(e)   = the predicted engine time left of this router's unfinished prefill work there
-                   (`ledger.py`: max(busy_until - t, 0))
+    backlog(e)   = the predicted engine time left of this router's unfinished prefill work there:
+                   its prefill queue replayed in chunked steps at the engine's learned pace κ_q,
+                   corrected by every first token observed (`prefill_queue.py`: drain(t))
     ahead(e)     = max(waiting(e) - pending_at_scrape(e), 0) · the mean uncached tokens and pairs
                    (the engine's queue of other routers' requests at the mean size)
     streams(d)   = `Engine.streams()` (the router's live count, or the engine's scraped one)
@@ -19,12 +20,12 @@ its targets (T_ttft, T_tpot, `slo.py`) and block size B, with each engine's lear
                    work ahead of it and its own are done
 
   local on decode engine d:
-    TTFT  = e^β_d · (backlog(d) + prefill_s_d(through(d)))    (β_d: the engine's TTFT bias,
-            learned from every request prefilled there, `ledger.py`)
+    TTFT  = backlog(d) + prefill_s_d(through(d))    (prefill_s at the queue's pace:
+            a + κ_q · seed, `ledger.prefill_s`)
     stall = prefill_compute_s_d(own work)  (what each stream decoding on d waits for it)
     TPOT  = step_s_d(streams(d) + 1, context(d) + P + L / 2) / (1 - min(share(d), 0.9))
   prefill engine p, then decode engine d:
-    wait  = max(busy(d) - TTFT_p, 0), TTFT_p = e^β_p · (backlog(p) + prefill_s_p(through(p))),
+    wait  = max(busy(d) - TTFT_p, 0), TTFT_p = backlog(p) + prefill_s_p(through(p)),
             busy(d) = backlog(d) + prefill_s_d(ahead(d)) (0 without either): the pulled request
             joins d's waiting queue behind the prefill work already there
     TTFT  = TTFT_p + wait + handoff_s_d(P)
@@ -120,6 +121,7 @@ class Candidate:
     ledger: EngineLedger
     own: Work
     backlog_s: float  # this router's prefill work left there, in predicted seconds
+    open_ahead: int  # this router's prefills there whose first token has not come
     ahead: Work  # other routers' work queued before it (`ahead_work`)
     through: Work  # the engine's prefill work until its first token (`through_first_token`)
     ttft_s: float
@@ -138,6 +140,7 @@ class PrefillPick:
     ledger: EngineLedger
     own: Work
     backlog_s: float
+    open_ahead: int
     ahead: Work
     through: Work
     ttft_s: float  # the prefill's part, without the handoff
@@ -190,9 +193,9 @@ def through_first_token(ahead: Work, own: Work) -> Work:
 
 
 def first_token_s(ledger: EngineLedger, backlog_s: float, through: Work) -> float:
-    """e^β · (backlog(e) + prefill_s_e(through(e))): the engine's time to the request's first
-    token, scaled by its TTFT bias (`ledger.py`)."""
-    return ledger.ttft_scale * (backlog_s + ledger.costs.prefill_s(through.tokens, through.pairs))
+    """backlog(e) + prefill_s_e(through(e)): the engine's time to the request's first token
+    (`ledger.py`)."""
+    return backlog_s + ledger.prefill_s(through.tokens, through.pairs)
 
 
 def handoff_wait_s(decode: Candidate, prefill_s: float) -> float:
@@ -201,7 +204,7 @@ def handoff_wait_s(decode: Candidate, prefill_s: float) -> float:
     ahead = decode.ahead
     busy = decode.backlog_s
     if ahead.tokens > 0.0:
-        busy += decode.ledger.costs.prefill_s(ahead.tokens, ahead.pairs)
+        busy += decode.ledger.prefill_s(ahead.tokens, ahead.pairs)
     return max(busy - prefill_s, 0.0)
 
 
@@ -212,6 +215,7 @@ def decode_candidate(engine: Engine, ledger: EngineLedger, inputs: PlacementInpu
     own = own_work(engine, inputs)
     ahead = ahead_work(engine, inputs)
     backlog = ledger.backlog_s(inputs.now)
+    open_ahead = ledger.queue.open
     streams = engine.streams()
     foreign = streams - ledger.streams
     context = ledger.stream_tokens + (foreign * inputs.mean_stream_tokens if foreign > 0 else 0.0)
@@ -230,7 +234,8 @@ def decode_candidate(engine: Engine, ledger: EngineLedger, inputs: PlacementInpu
     if kv_overflows(engine, ledger, context, prompt + output.p90):
         meet = 0.0
     return Candidate(
-        engine, ledger, own, backlog, ahead, through, ttft, stall, share, tpot, streams, context,
+        engine, ledger, own, backlog, open_ahead, ahead, through, ttft, stall, share, tpot, streams,
+        context,
         meet,
         ttft + output.median * tpot + streams * stall,
     )  # fmt: skip
@@ -290,7 +295,7 @@ def _prefill_pick(engine: Engine, ledger: EngineLedger, inputs: PlacementInputs)
     backlog = ledger.backlog_s(inputs.now)
     through = through_first_token(ahead, own)
     ttft = first_token_s(ledger, backlog, through)
-    return PrefillPick(engine, ledger, own, backlog, ahead, through, ttft)
+    return PrefillPick(engine, ledger, own, backlog, ledger.queue.open, ahead, through, ttft)
 
 
 def pace_unknown_and_tried(ledger: EngineLedger) -> bool:

@@ -12,8 +12,9 @@ has left, each observation goes to the model that predicted it:
                                max(L - 1, 1) · (T_tpot - step_s(own streams + 1, their tokens))
     P/D prefill answered    -> prefill model of the prefill engine: (own work, prefill s)
     first byte, local       -> prefill model of the decode engine: (own work, upstream s)
-                               (both only when no work was predicted ahead of it: a sample of
-                               the engine's pace, not of how a queue drained)
+                               (both only when nothing was ahead of it: none of this router's
+                               prefills open there, none of other routers' seen waiting; a
+                               sample of the engine's pace, not of how a queue drained)
     first byte, P/D         -> handoff model of the decode engine: (prompt tokens, handoff s),
                                when none of this router's prefills was open on it as the
                                handoff started (a wait behind them is not the handoff's cost)
@@ -142,9 +143,9 @@ class Ticket:
         "_handoff_clean",
         "_placed_at",
         "_prefill_done",
-        "_prefill_held",
         "_prefill_s",
         "_prefilled_on",
+        "_queued",
         "_queued_on",
         "_slack_key",
         "_stream_on",
@@ -181,9 +182,8 @@ class Ticket:
         self._queued_on: EngineLedger | None = queued_on
         self._prefilled_on: EngineLedger | None = queued_on
         queued_on.prefills_open += 1
-        held = self._prefill_held = placement.prefill_work
-        compute = queued_on.costs.prefill_compute_s(held.tokens, held.pairs)
-        queued_on.queue_work(now, held.tokens, held.pairs, compute)
+        held = placement.prefill_work
+        self._queued = queued_on.queue_work(now, held.tokens, held.pairs)
         self._stream_on: EngineLedger | None = None
         self._slack_key = 0.0
         self._stream_tokens = prompt_tokens + output.median * 0.5
@@ -195,18 +195,17 @@ class Ticket:
         self._handoff_clean = False
         self._placed_at = time.perf_counter()
 
-    def _release_queue(self) -> None:
+    def _release_queue(self, *, computed: bool) -> None:
         queued_on = self._queued_on
         if queued_on is not None:
-            held = self._prefill_held
-            queued_on.work_done(time.monotonic(), held.tokens, held.pairs)
+            queued_on.work_done(time.monotonic(), self._queued, computed=computed)
             self._queued_on = None
 
     def prefilled(self, handed_off: bool, seconds: float | None) -> None:
         """The P/D prefill answered (`handed_off`: with a KV handoff the decode engine will pull)."""
         if self.placement.prefill is None:
             return
-        self._release_queue()
+        self._release_queue(computed=True)
         if handed_off:
             self._prefill_s = seconds
             # nothing of this router's is prefilling on the decode engine as the handoff starts
@@ -216,7 +215,10 @@ class Ticket:
         self, engine: Engine, now: float, upstream_start: float | None, prefill_done: float | None
     ) -> None:
         """The decode engine's first body byte: the prefill is over, a stream starts on `engine`."""
-        self._release_queue()
+        placement = self.placement
+        self._release_queue(
+            computed=placement.prefill is None and engine is placement.decode.engine
+        )
         self._first_byte = now
         self._first_engine = engine
         self._upstream_start = upstream_start
@@ -232,7 +234,7 @@ class Ticket:
         what was observed teaches the models that predicted it."""
         if log.isEnabledFor(logging.DEBUG):
             log.debug("prediction %s", json.dumps(self.explain(output_tokens, last_event)))
-        self._release_queue()
+        self._release_queue(computed=False)
         self._learn_prefill()
         ledger = self._stream_on
         prefilled_on = self._prefilled_on
@@ -252,7 +254,9 @@ class Ticket:
         line per request): the work ahead and its own (tokens), the prefill part, the wait on
         the decode engine and the handoff after a P/D prefill,
         and the observed wait from the plan to the first upstream request, upstream TTFT, P/D
-        prefill, handoff and TPOT. Observed figures missing from the request's path are None."""
+        prefill, handoff and TPOT, and the clock readings (s) of the placement, the first upstream
+        request and the first byte (a replay's arrivals). Observed figures missing from the
+        request's path are None."""
         placement = self.placement
         decode, prefill = placement.decode, placement.prefill
         part = prefill if prefill is not None else decode
@@ -289,6 +293,9 @@ class Ticket:
             "prefill_obs_ms": ms(self._prefill_s),
             "handoff_obs_ms": ms(None if first is None or done is None else first - done),
             "tpot_obs_ms": ms(tpot),
+            "placed_s": self._placed_at,
+            "upstream_s": start,
+            "first_byte_s": first,
         }
 
     def _learn_prefill(self) -> None:
@@ -297,11 +304,11 @@ class Ticket:
             return
         self._prefill_s = None
         ledger = prefill.ledger
-        if prefill.ahead.tokens <= 0.0 and prefill.backlog_s <= 0.0:
+        if prefill.ahead.tokens <= 0.0 and not prefill.open_ahead:
             ledger.costs.observe_prefill(prefill.own.tokens, prefill.own.pairs, seconds)
         log_ratio = self.predictor.observe_error("prefill", prefill.ttft_s, seconds)
         if log_ratio is not None:
-            ledger.learn_ttft(log_ratio, prefilled_here=True)
+            ledger.learn_ttft(log_ratio)
 
     def _learn_first_byte(self, ledger: EngineLedger) -> None:
         placement = self.placement
@@ -314,13 +321,13 @@ class Ticket:
         local = placement.prefill is None
         if local:
             decode = placement.decode
-            if decode.ahead.tokens <= 0.0 and decode.backlog_s <= 0.0:
+            if decode.ahead.tokens <= 0.0 and not decode.open_ahead:
                 ledger.costs.observe_prefill(decode.own.tokens, decode.own.pairs, observed)
         elif self._prefill_done is not None and self._handoff_clean:
             ledger.costs.observe_handoff(self.prompt_tokens, first - self._prefill_done)
         log_ratio = self.predictor.observe_error("ttft", placement.ttft_s, observed)
         if log_ratio is not None:
-            ledger.learn_ttft(log_ratio, prefilled_here=local)
+            ledger.learn_ttft(log_ratio)
 
     def _learn_stream(
         self, ledger: EngineLedger, output_tokens: int, last_event: float | None

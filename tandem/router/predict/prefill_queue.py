@@ -1,0 +1,233 @@
+"""An engine's prefill queue as the router sees it: this router's open prefills there, in the order
+the engine takes them, replayed step by step at the engine's learned pace.
+
+vLLM's scheduler fills each step with the running requests first and then admits waiting ones in
+arrival order, within a token budget of C (`max_num_batched_tokens`) less one token per decoding
+stream: a long prompt is split into chunks over several steps, and a request's first token comes
+at the end of the step that computes its last prompt token. A step of n prefill tokens with p
+attention pairs (a chunk of m tokens after c computed ones has m · (c + m / 2)), beside D streams
+holding X context tokens, takes
+
+    step(n, p) = κ_q · seed(n, p),
+    seed(n, p) = s0 + s1 · n / 1000 + s2 · p / 10⁶ + d1 · D + d2 · X / 1000
+
+in seed seconds (the timing profile's seeds, `cost_model.py`) scaled by the queue's pace κ_q.
+`advance(t)` completes every step that ends by t; the step in flight ends at `step_end`. The
+engine time until the work still queued is done, at the decode load of the moment, is
+
+    drain(t) = max(step_end - t, 0) + κ_q · (k · (s0 + d1 · D + d2 · X / 1000) + s1 · T / 1000
+                                            + s2 · P / 10⁶),    k = ⌈T / max(C - D, 1)⌉
+
+with T and P the tokens and pairs left after the step in flight (drain 0 when nothing is queued).
+
+What the router observes corrects the replay. A first token (a P/D prefill's answer) of entry x
+means that x's prefill is over, and, as the engine takes prefills in order, so is every entry
+ahead of x: they all leave the queue (`complete`). The step that computed x's last chunk ends
+then, and the replay's next step starts. If the replay had not finished x, the chunks it had put
+beside x in its step in flight count as computed; if it had (it ran ahead of the engine), nothing
+behind x does: the engine computes prefills in order, so it has not started them. An entry the
+replay has finished stays, with nothing left to compute, until its first token comes (`open`). A
+request that fails or is abandoned leaves alone (`withdraw`).
+
+The pace is learned from consecutive completions: when x completes at t1 and y is then first in
+the queue, the engine spends the time until y's first token, t2, on y's remaining work, seed_y seed
+seconds by the drain formula over y alone at t1. With a forgetting factor λ per sample,
+
+    κ_q = (N + W · κ) / (S + W),   N ← λ · N + (t2 - t1),   S ← λ · S + seed_y
+
+where κ is the prefill cost model's scale (learned from requests that met an idle engine, 1 at
+the seed) weighing as W = PRIOR_SEED_SECONDS seed seconds. A replay that runs ahead drops
+entries the engine still computes, so the next sample's t2 - t1 covers more work than its seed_y
+and κ_q grows; one that lags holds entries the engine has finished, so seed_y counts work already
+done and κ_q falls. The work other routers send to the engine lengthens t2 - t1 in the same way:
+the pace is this router's share of the engine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+PRIOR_SEED_SECONDS = 0.2  # how much seed work the cost model's scale weighs as in the pace
+PACE_FORGET = 0.98  # per pace sample: a window of about 50 completions
+MIN_PACE = 0.05
+
+
+@dataclass(slots=True, eq=False)
+class QueuedPrefill:
+    """One open prefill: `left` of its `tokens` still to compute after `cached` prompt tokens."""
+
+    tokens: float
+    cached: float
+    left: float
+    in_step: float = 0.0  # tokens of it in the step in flight
+
+    def pairs(self, tokens: float, computed: float) -> float:
+        """Attention pairs of a chunk of `tokens` after `computed` of its own tokens."""
+        return tokens * (self.cached + computed + tokens * 0.5)
+
+
+@dataclass(frozen=True, slots=True)
+class StepSeeds:
+    """seed's coefficients (module docstring), seconds: s0 per step, s1 per 1000 prefill tokens,
+    s2 per 10⁶ pairs, d1 per decoding stream, d2 per 1000 context tokens of the streams."""
+
+    s0: float
+    s1: float
+    s2: float
+    d1: float
+    d2: float
+    chunk_tokens: int
+
+    def fixed(self, streams: float, context: float) -> float:
+        """The seed seconds of a step before its prefill: s0 + d1 · D + d2 · X / 1000."""
+        return self.s0 + self.d1 * streams + self.d2 * context * 1e-3
+
+    def budget(self, streams: float) -> float:
+        """max(C - D, 1): the prefill tokens one step takes beside D streams."""
+        return max(self.chunk_tokens - streams, 1.0)
+
+
+class PrefillQueue:
+    """The replay (module docstring). `scale` reads the cost model's κ, the pace's prior."""
+
+    __slots__ = ("_pending", "_sample_seconds", "_sample_seeds", "entries", "scale", "seeds",
+                 "step_end")  # fmt: skip
+
+    def __init__(self, seeds: StepSeeds, scale: Callable[[], float]) -> None:
+        self.seeds = seeds
+        self.scale = scale
+        self.entries: deque[QueuedPrefill] = deque()
+        self.step_end = 0.0  # monotonic seconds: when the step in flight ends
+        self._sample_seconds = 0.0  # N
+        self._sample_seeds = 0.0  # S
+        self._pending: tuple[QueuedPrefill, float, float] | None = None  # (y, t1, seed_y)
+
+    @property
+    def pace(self) -> float:
+        """κ_q (module docstring)."""
+        prior = PRIOR_SEED_SECONDS
+        pace = (self._sample_seconds + prior * self.scale()) / (self._sample_seeds + prior)
+        return max(pace, MIN_PACE)
+
+    @property
+    def tokens(self) -> float:
+        """The tokens still to compute of this router's prefills there, as replayed."""
+        return sum(entry.left for entry in self.entries)
+
+    @property
+    def open(self) -> int:
+        """This router's prefills there whose first token has not come (replayed or not)."""
+        return len(self.entries)
+
+    @property
+    def busy(self) -> bool:
+        """Whether the replay has work left (the last entry is the last to finish)."""
+        return bool(self.entries) and self.entries[-1].left > 0.0
+
+    def add(
+        self, now: float, tokens: float, cached: float, streams: float, context: float
+    ) -> QueuedPrefill:
+        """A prefill of `tokens` after `cached` placed at `now`; returns its entry."""
+        self.advance(now, streams, context)
+        entry = QueuedPrefill(max(tokens, 1.0), max(cached, 0.0), max(tokens, 1.0))
+        idle = not self.busy
+        self.entries.append(entry)
+        if idle:
+            self.step_end = now + self._plan(streams, context)
+        return entry
+
+    def advance(self, now: float, streams: float, context: float) -> None:
+        """Completes every step that ends by `now`, each next step planned at the decode load
+        given (the streams decoding there now). Entries the replay has finished stay until their
+        first token is observed (`open`), with nothing left to compute."""
+        while self.step_end <= now and self.busy:
+            for entry in self.entries:
+                entry.left -= entry.in_step
+                entry.in_step = 0.0
+            if self.busy:
+                self.step_end += self._plan(streams, context)
+
+    def _plan(self, streams: float, context: float) -> float:
+        """Fills the next step in queue order; returns its duration κ_q · seed."""
+        seeds = self.seeds
+        budget = seeds.budget(streams)
+        tokens = pairs = 0.0
+        for entry in self.entries:
+            if budget <= 0.0:
+                break
+            if entry.left <= 0.0:
+                continue
+            take = min(entry.left, budget)
+            entry.in_step = take
+            pairs += entry.pairs(take, entry.tokens - entry.left)
+            tokens += take
+            budget -= take
+        seed = seeds.fixed(streams, context) + seeds.s1 * tokens * 1e-3 + seeds.s2 * pairs * 1e-6
+        return self.pace * seed
+
+    def drain_s(self, now: float, streams: float, context: float) -> float:
+        """drain(now) (module docstring), after advancing the replay to `now`."""
+        self.advance(now, streams, context)
+        if not self.busy:
+            return 0.0
+        tokens = pairs = 0.0
+        for entry in self.entries:
+            left = entry.left - entry.in_step
+            if left > 0.0:
+                tokens += left
+                pairs += entry.pairs(left, entry.tokens - left)
+        return max(self.step_end - now, 0.0) + self.pace * self._seed_s(
+            tokens, pairs, streams, context
+        )
+
+    def _seed_s(self, tokens: float, pairs: float, streams: float, context: float) -> float:
+        """seed over ⌈T / max(C - D, 1)⌉ steps of T tokens and P pairs (0 when T = 0)."""
+        if tokens <= 0.0:
+            return 0.0
+        seeds = self.seeds
+        steps = math.ceil(tokens / seeds.budget(streams))
+        return (
+            steps * seeds.fixed(streams, context)
+            + seeds.s1 * tokens * 1e-3
+            + seeds.s2 * pairs * 1e-6
+        )
+
+    def complete(self, entry: QueuedPrefill, now: float, streams: float, context: float) -> None:
+        """`entry`'s prefill is over at `now` (its first token, or its P/D prefill's answer): it
+        and every entry ahead of it leave; a pace sample ends or starts (module docstring)."""
+        pending = self._pending
+        if pending is not None and pending[0] is entry:
+            forget = PACE_FORGET
+            self._sample_seconds = forget * self._sample_seconds + (now - pending[1])
+            self._sample_seeds = forget * self._sample_seeds + pending[2]
+        self._pending = None
+        self.advance(now, streams, context)
+        entries = self.entries
+        if entry in entries:
+            lagging = entry.left > 0.0
+            while entries.popleft() is not entry:
+                pass
+            # the engine's step ended now with the entry's last chunk, and the next one starts
+            for waiting in entries:
+                if lagging:  # the chunks the replay put beside it are computed too
+                    waiting.left -= waiting.in_step
+                else:  # the replay ran ahead: nothing behind it is known computed
+                    waiting.left = waiting.tokens
+                waiting.in_step = 0.0
+            self.step_end = now + self._plan(streams, context) if self.busy else now
+        first = next((waiting for waiting in entries if waiting.left > 0.0), None)
+        if first is not None:
+            left = first.left
+            seeds = self._seed_s(left, first.pairs(left, first.tokens - left), streams, context)
+            self._pending = (first, now, seeds)
+
+    def withdraw(self, entry: QueuedPrefill) -> None:
+        """`entry` failed or was abandoned: it leaves alone, and is no pace sample."""
+        if self._pending is not None and self._pending[0] is entry:
+            self._pending = None
+        with contextlib.suppress(ValueError):
+            self.entries.remove(entry)

@@ -1,0 +1,119 @@
+"""The replay of an engine's prefill queue (`tandem/router/predict/prefill_queue.py`): chunked
+steps in order, corrected by the first tokens observed, at a pace learned from them."""
+
+from __future__ import annotations
+
+import pytest
+
+from tandem.router.predict.prefill_queue import PRIOR_SEED_SECONDS, PrefillQueue, StepSeeds
+
+# 5 ms a step, 25 ms per 1,000 prefill tokens, 0.1 ms per stream, 1 ms per 1,000 context tokens
+SEEDS = StepSeeds(s0=0.005, s1=0.025, s2=0.0, d1=1e-4, d2=1e-3, chunk_tokens=8192)
+
+
+def queue(scale: float = 1.0) -> PrefillQueue:
+    return PrefillQueue(SEEDS, lambda: scale)
+
+
+def step_s(tokens: float, streams: float = 0.0, context: float = 0.0) -> float:
+    return 0.005 + 0.025 * tokens / 1000 + 1e-4 * streams + 1e-3 * context / 1000
+
+
+def test_a_long_prompt_is_computed_in_chunks_of_the_token_budget() -> None:
+    q = queue()
+    q.add(0.0, 10000, 0.0, 0.0, 0.0)
+    first = step_s(8192)
+    assert q.step_end == pytest.approx(first)
+    assert q.drain_s(0.0, 0.0, 0.0) == pytest.approx(first + step_s(1808))
+    q.add(0.1, 1000, 0.0, 0.0, 0.0)  # shares the second step with the long prompt's last chunk
+    assert q.drain_s(0.1, 0.0, 0.0) == pytest.approx(first - 0.1 + step_s(2808))
+    assert q.drain_s(first + 0.01, 0.0, 0.0) == pytest.approx(step_s(2808) - 0.01)
+    assert q.tokens == pytest.approx(2808)
+    assert q.drain_s(first + step_s(2808), 0.0, 0.0) == 0.0
+    assert q.tokens == 0.0
+    assert q.open == 2  # computed as replayed, their first tokens not yet seen
+
+
+def test_decoding_streams_take_budget_and_time_from_every_step() -> None:
+    q = queue()
+    q.add(0.0, 8192, 0.0, 192, 96000)  # 192 streams leave 8,000 tokens a step
+    assert q.drain_s(0.0, 192, 96000) == pytest.approx(
+        step_s(8000, 192, 96000) + step_s(192, 192, 96000)
+    )
+
+
+def test_a_cached_prefix_makes_each_chunk_attend_to_more_pairs() -> None:
+    seeds = StepSeeds(s0=0.0, s1=0.0, s2=1.0, d1=0.0, d2=0.0, chunk_tokens=1000)
+    q = PrefillQueue(seeds, lambda: 1.0)
+    q.add(0.0, 2000, 500, 0.0, 0.0)  # chunks of 1,000 after 500 cached, then after 1,500
+    pairs = 1000 * (500 + 500) + 1000 * (1500 + 500)
+    assert q.drain_s(0.0, 0.0, 0.0) == pytest.approx(pairs * 1e-6)
+    assert pairs == 2000 * (500 + 1000)  # the same pairs as one chunk: u · (c + u / 2)
+
+
+def test_a_first_token_takes_the_work_ahead_with_it_and_starts_the_next_step() -> None:
+    q = queue()
+    q.add(0.0, 10000, 0.0, 0.0, 0.0)  # a: 8,192 in the first step, which ends at 0.21
+    b = q.add(0.01, 6000, 0.0, 0.0, 0.0)  # arrived during it: in the second step, beside a
+    c = q.add(0.01, 3000, 0.0, 0.0, 0.0)  # 384 of it in the second step
+    d = q.add(0.3, 1000, 0.0, 0.0, 0.0)  # arrived during the second step: not in it
+    q.complete(b, 0.35, 0.0, 0.0)  # sooner than the replay's 0.42: that step ended now
+    assert list(q.entries) == [c, d]  # a was ahead of b: done too
+    assert q.tokens == pytest.approx(2616 + 1000)  # c's chunk beside b is computed too
+    assert q.step_end == pytest.approx(0.35 + step_s(3616))
+    q.withdraw(c)  # c abandoned: d stays
+    assert list(q.entries) == [d]
+
+
+def test_the_pace_follows_an_engine_slower_than_its_seeds() -> None:
+    seed = step_s(8192)
+    q = queue()
+    a = q.add(0.0, 8192, 0.0, 0.0, 0.0)
+    b = q.add(0.0, 8192, 0.0, 0.0, 0.0)
+    q.complete(a, 0.15, 0.0, 0.0)
+    assert q.pace == 1.0  # one completion is no sample: b's starts now
+    q.complete(b, 0.15 + 2 * seed, 0.0, 0.0)  # b's 8,192 tokens took twice their seed
+    assert q.pace == pytest.approx((2 * seed + PRIOR_SEED_SECONDS) / (seed + PRIOR_SEED_SECONDS))
+    for i in range(40):  # and so on: the pace tends to 2
+        x = q.add(1.0 + i, 8192, 0.0, 0.0, 0.0)
+        y = q.add(1.0 + i, 8192, 0.0, 0.0, 0.0)
+        q.complete(x, 1.01 + i, 0.0, 0.0)
+        q.complete(y, 1.01 + i + 2 * seed, 0.0, 0.0)
+    assert q.pace == pytest.approx(2.0, rel=0.03)
+    assert q.drain_s(100.0, 0.0, 0.0) == 0.0
+    q.add(100.0, 8192, 0.0, 0.0, 0.0)
+    assert q.drain_s(100.0, 0.0, 0.0) == pytest.approx(q.pace * seed)
+
+
+def test_the_prior_is_the_cost_models_scale_and_a_withdrawn_request_is_no_sample() -> None:
+    scale = [1.0]
+    q = PrefillQueue(SEEDS, lambda: scale[0])
+    scale[0] = 1.5  # the cost model learned from requests at an idle engine
+    assert q.pace == pytest.approx(1.5)
+    a = q.add(0.0, 8192, 0.0, 0.0, 0.0)
+    b = q.add(0.0, 8192, 0.0, 0.0, 0.0)
+    q.complete(a, 0.1, 0.0, 0.0)
+    q.withdraw(b)  # abandoned: its time is no measure of the engine
+    c = q.add(1.0, 8192, 0.0, 0.0, 0.0)
+    q.complete(c, 5.0, 0.0, 0.0)  # c was never first at a completion: no sample either
+    assert q.pace == pytest.approx(1.5)
+
+
+def test_a_replay_that_ran_ahead_keeps_its_entries_open_and_learns_a_slower_pace() -> None:
+    seed = step_s(8192)
+    q = queue()
+    a = q.add(0.0, 8192, 0.0, 0.0, 0.0)
+    b = q.add(0.0, 8192, 0.0, 0.0, 0.0)
+    c = q.add(0.0, 8192, 0.0, 0.0, 0.0)
+    assert q.drain_s(1.0, 0.0, 0.0) == 0.0  # the replay finished all three at 3 seeds
+    assert q.open == 3
+    q.complete(a, 1.0, 0.0, 0.0)  # the engine is three times slower: b and c start again
+    assert q.open == 2
+    assert q.tokens == 2 * 8192
+    assert q.step_end == pytest.approx(1.0 + seed)
+    q.complete(b, 1.0 + 3 * seed, 0.0, 0.0)  # b's sample: 3 seeds for 1
+    slower = (3 * seed + PRIOR_SEED_SECONDS) / (seed + PRIOR_SEED_SECONDS)
+    assert q.pace == pytest.approx(slower)
+    assert q.drain_s(1.0 + 3 * seed, 0.0, 0.0) == pytest.approx(slower * seed)
+    q.withdraw(c)
+    assert q.open == 0
