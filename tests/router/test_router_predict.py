@@ -31,6 +31,7 @@ from tandem.router.predict.placement import (
     handoff_wait_s,
     kv_overflows,
     place,
+    queue_delay_s,
     retry_after_s,
     stream_slack_s,
     through_first_token,
@@ -270,6 +271,23 @@ def test_local_when_both_meet() -> None:
     assert placement.prefill is None
     assert placement.ranking == [d]
     assert placement.ttft_s == pytest.approx(0.005 + 0.05)
+
+
+def test_a_local_prefill_counts_the_requests_that_will_queue_behind_it() -> None:
+    _, ledger_of = ledger_table()
+    d, p = engine("d", "decode"), engine("p", "prefill")
+    behind(ledger_of(d), 1000)  # 30 ms ahead on each
+    behind(ledger_of(p), 1000)
+    inputs = inputs_for(2000)
+    assert place([d], [p], ledger_of, inputs, "auto").prefill is None  # local: 11 ms sooner
+    for i in range(10):  # ten requests a second join d's queue, none p's
+        ledger_of(d).joined(99.0 + i * 0.1)
+    rate = math.exp(-1.0) * (math.e - 1.0) / (math.exp(0.1) - 1.0)
+    assert ledger_of(d).arrival_rate(100.0) == pytest.approx(rate)
+    # its 50 ms prefill on d would delay the 6 a second that come while d's 80 ms drain
+    placement = place([d], [p], ledger_of, inputs, "auto")
+    assert placement.prefill is not None
+    assert queue_delay_s(ledger_of(d), 0.030, 0.05, 100.0) == pytest.approx(rate * 0.08 * 0.05)
 
 
 def test_pd_when_local_misses_its_ttft_and_pd_meets() -> None:

@@ -19,6 +19,9 @@ an exponentially decayed sum of their predicted compute seconds s_i over a windo
 
 (a steady rate of r prefill seconds per second gives share → r). On a decode engine it is the
 interference its running streams suffer: a step of δ seconds becomes δ / (1 - share) per token.
+`arrival_rate` is the same sum over the requests that joined the engine's queue (a prefill placed
+there, or a handoff to decode there), each counting 1: the requests per second that come to wait
+behind what is placed there now.
 
 Every stream also counts the prefills that land on its engine while it runs. The engine keeps a
 stall clock S(t) = Σ s_i over every prefill placed there so far; a stream that starts at t0 with
@@ -45,10 +48,32 @@ INITIAL_SQUARED_LOG_ERROR = 0.25  # sigma = 0.5 until the engine has been observ
 MIN_SIGMA = 0.05
 
 
+class DecayedRate:
+    """Σ x_i · exp(-(t - t_i) / w) / w over amounts x_i added at t_i: their rate per second over
+    a window of w seconds (a steady r per second gives r)."""
+
+    __slots__ = ("_at", "_sum", "window_s")
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self._sum = 0.0  # Σ x_i · exp(-(t - t_i) / w) at time _at
+        self._at = 0.0
+
+    def rate(self, now: float) -> float:
+        if self._sum <= 0.0:
+            return 0.0
+        window = self.window_s
+        return self._sum * math.exp((self._at - now) / window) / window
+
+    def add(self, now: float, amount: float) -> None:
+        self._sum = self.rate(now) * self.window_s + amount
+        self._at = now
+
+
 class EngineLedger:
     __slots__ = (
-        "_share_at",
-        "_share_sum",
+        "_arrivals",
+        "_share",
         "_slack_ended",
         "_slack_keys",
         "costs",
@@ -67,8 +92,8 @@ class EngineLedger:
     def __init__(self, costs: EngineCosts, share_window_s: float) -> None:
         self.costs = costs
         self.share_window_s = share_window_s
-        self._share_sum = 0.0  # Σ s_i · exp(-(t - t_i) / w) at time _share_at
-        self._share_at = 0.0
+        self._share = DecayedRate(share_window_s)  # prefill seconds placed here per second
+        self._arrivals = DecayedRate(share_window_s)  # requests that joined its queue per second
         self.queue = PrefillQueue(costs.step_seeds(), lambda: costs.prefill.theta[1])
         self.prefills_open = 0  # this router's requests prefilled here that have not ended yet
         self.streams = 0
@@ -83,10 +108,15 @@ class EngineLedger:
 
     def prefill_share(self, now: float) -> float:
         """share(now) (module docstring)."""
-        if self._share_sum <= 0.0:
-            return 0.0
-        window = self.share_window_s
-        return self._share_sum * math.exp((self._share_at - now) / window) / window
+        return self._share.rate(now)
+
+    def arrival_rate(self, now: float) -> float:
+        """arrivals(now) (module docstring)."""
+        return self._arrivals.rate(now)
+
+    def joined(self, now: float) -> None:
+        """A request joined the engine's queue at `now` (a prefill, or a handoff to decode)."""
+        self._arrivals.add(now, 1.0)
 
     def backlog_s(self, now: float) -> float:
         """backlog(now) (module docstring)."""
@@ -117,9 +147,7 @@ class EngineLedger:
     def add_prefill(self, now: float, compute_s: float) -> None:
         """A prefill of `compute_s` predicted seconds placed on the engine at `now`: it adds to the
         share and stalls every stream decoding there (the stall clock)."""
-        window = self.share_window_s
-        self._share_sum = self.prefill_share(now) * window + compute_s
-        self._share_at = now
+        self._share.add(now, compute_s)
         self.stall_clock += compute_s
 
     def tightest_slack_s(self) -> float | None:

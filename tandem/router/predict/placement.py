@@ -48,10 +48,17 @@ its targets (T_ttft, T_tpot, `slo.py`) and block size B, with each engine's lear
                   engine's undisturbed step when it starts) and every prefill placed on d while
                   it runs takes its predicted stall from it, so local prefill is refused once the
                   prefills a stream has met and this one together would take it past its target
-    disaggregate ⇔ TTFT_pd ≤ TTFT_local + streams(d) · stall(d)          (less delay in all)
+    queued(e, s) = arrivals(e) · (backlog(e) + s) · s: a prefill of s seconds placed on e delays
+                  by s each request that joins e's queue before it drains (arrivals: the requests
+                  per second that joined e's queue lately, prefills and handoffs, `ledger.py`)
+    disaggregate ⇔ TTFT_pd + queued(p, s_p) ≤ TTFT_local + streams(d) · stall(d)
+                                              + queued(d, stall(d))       (less delay in all)
                      and (TTFT_pd ≤ TTFT_local or P(TTFT_pd ≤ T_ttft) ≥ q)
                    or streams(d) > 0 and (over budget or hurts) and P(TTFT_pd ≤ T_ttft) ≥ q
-    with q = `meetProbability`: P/D when it costs the pool less waiting and the request itself
+    with s_p = prefill_compute_s_p(own work on p) and q = `meetProbability`: P/D when it costs the
+    pool less waiting (the streams decoding beside a local prefill, and the requests that will
+    queue behind the prefill on either engine: a decode engine that takes every prefill it
+    predicts it can also makes every handoff to it wait behind them) and the request itself
     loses nothing by it or still meets its TTFT target, or when local prefill would take the
     streams decoding on d past their budget or target and P/D meets the TTFT target (so a TTFT
     target that only local meets is never given up for the streams' sake). A prefill
@@ -363,7 +370,7 @@ def place(
         pd_wait = handoff_wait_s(decode, pick.ttft_s)
         pd_ttft = pick.ttft_s + pd_wait + ledger.costs.handoff_s(inputs.prompt_tokens)
         pd_ttft_meet = meet_probability(pd_ttft, target.ttft_s, ledger.ttft_sigma())
-        if always or probe or _disaggregate(local, pd_ttft, pd_ttft_meet, inputs):
+        if always or probe or _disaggregate(local, pick, pd_ttft, pd_ttft_meet, inputs):
             tpot_meet = meet_probability(decode.tpot_s, target.tpot_s, ledger.tpot_sigma())
             chosen, prefill, ttft, meet = decode, pick, pd_ttft, pd_ttft_meet * tpot_meet
             wait = pd_wait
@@ -379,12 +386,28 @@ def place(
     )
 
 
+def queue_delay_s(ledger: EngineLedger, backlog_s: float, compute_s: float, now: float) -> float:
+    """arrivals(e) · (backlog(e) + s) · s: what a prefill of s seconds placed on e delays the
+    requests that join e's queue behind it before the queue drains (module docstring)."""
+    return ledger.arrival_rate(now) * (backlog_s + compute_s) * compute_s
+
+
 def _disaggregate(
-    local: Candidate, pd_ttft: float, pd_ttft_meet: float, inputs: PlacementInputs
+    local: Candidate,
+    pick: PrefillPick,
+    pd_ttft: float,
+    pd_ttft_meet: float,
+    inputs: PlacementInputs,
 ) -> bool:
     """The P/D decision of mode auto (module docstring)."""
     q = inputs.meet_threshold
-    if pd_ttft <= local.ttft_s + local.streams * local.stall_s and (
+    now = inputs.now
+    local_delay = local.streams * local.stall_s + queue_delay_s(
+        local.ledger, local.backlog_s, local.stall_s, now
+    )
+    pd_compute = pick.ledger.costs.prefill_compute_s(pick.own.tokens, pick.own.pairs)
+    pd_delay = queue_delay_s(pick.ledger, pick.backlog_s, pd_compute, now)
+    if pd_ttft + pd_delay <= local.ttft_s + local_delay and (
         pd_ttft <= local.ttft_s or pd_ttft_meet >= q
     ):
         return True
