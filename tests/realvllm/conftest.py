@@ -23,6 +23,7 @@ MODULE_ORDER = [
     "test_epp",
     "test_parity",
     "test_replicas",
+    "test_predictive",
     "test_render",
     "test_failures",
     "test_lora",

@@ -336,14 +336,14 @@ def test_backlog_is_the_replayed_queue_and_first_tokens_correct_it() -> None:
     second = ledger.queue_work(100.0, 2000, 0.0)  # in the same step: 155 ms
     third = ledger.queue_work(100.05, 2000, 0.0)  # the next step: 55 ms
     assert ledger.backlog_s(100.05) == pytest.approx(0.105 + 0.055)
-    assert ledger.queued_tokens == 8000
+    assert ledger.queue.tokens == 8000
     ledger.work_done(100.06, second, computed=True)  # first token: the first is done too
-    assert ledger.queued_tokens == 2000
+    assert ledger.queue.tokens == 2000
     ledger.work_done(100.06, first, computed=True)  # a late first token changes nothing
     assert ledger.backlog_s(100.06) == pytest.approx(0.055)  # the next step starts now
     ledger.work_done(100.07, third, computed=False)  # abandoned: it leaves alone
     assert ledger.backlog_s(100.07) == 0.0
-    assert ledger.queued_tokens == 0.0
+    assert ledger.queue.tokens == 0.0
     ledger.queue_work(100.1, 1000, 0.0)
     assert ledger.backlog_s(100.1) == pytest.approx(0.03)  # starts from now, not from before
 
@@ -616,12 +616,12 @@ def test_ticket_holds_and_gives_back_and_teaches() -> None:
     placement = place([d], [], predictor.ledger, inputs, "auto")
     ledger = predictor.ledger(d)
     ticket = predictor.ticket(placement, 2000, output, keys, target, True, 100.0)
-    assert ledger.queued_tokens == 2000
+    assert ledger.queue.tokens == 2000
     assert ledger.prefills_open == 1
     assert ledger.prefill_share(100.0) == pytest.approx(placement.decode.stall_s)
     before = ledger.costs.prefill_s(2000, 2e6)
     ticket.first_byte(d, now=10.5, upstream_start=10.0, prefill_done=None)
-    assert ledger.queued_tokens == 0
+    assert ledger.queue.tokens == 0
     assert ledger.streams == 1
     assert ledger.last_placed == 100.0
     # the stream's slack: its predicted output's gaps at the 50 ms target less a 6 ms step
@@ -674,9 +674,9 @@ def test_ticket_of_an_abandoned_request_gives_back_its_queue() -> None:
     placement = place([d], [p], predictor.ledger, inputs, "auto")
     assert placement.prefill is not None
     ticket = predictor.ticket(placement, 2000, output, keys, target, True, 100.0)
-    assert predictor.ledger(p).queued_tokens == 2000
+    assert predictor.ledger(p).queue.tokens == 2000
     ticket.finished(None, None)
-    assert predictor.ledger(p).queued_tokens == 0
+    assert predictor.ledger(p).queue.tokens == 0
 
 
 async def test_admission_serves_a_level_by_deadline() -> None:

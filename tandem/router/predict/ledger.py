@@ -127,10 +127,6 @@ class EngineLedger:
         pace (`prefill_queue.py`, whose prior is the model's κ)."""
         return self.costs.prefill_s(tokens, pairs, self.queue.pace)
 
-    @property
-    def queued_tokens(self) -> float:
-        return self.queue.tokens
-
     def queue_work(self, now: float, tokens: float, pairs: float) -> QueuedPrefill:
         """A prefill of `tokens` with `pairs` attention pairs placed at `now`; returns its entry."""
         cached = pairs / tokens - tokens * 0.5 if tokens > 0.0 else 0.0

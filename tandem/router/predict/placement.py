@@ -273,7 +273,7 @@ def due_for_probe(engine: Engine, ledger: EngineLedger, now: float, reprobe_s: f
     """The re-probe rule (module docstring): reprobe_s > 0, the engine idle (no prefill work of
     this router open there, nothing waiting, no stream) and sent nothing for reprobe_s since
     it was last sent something (an engine never sent anything is tried on its seeds)."""
-    if reprobe_s <= 0.0 or ledger.queued_tokens > 0.0 or engine.waiting > 0 or engine.streams():
+    if reprobe_s <= 0.0 or ledger.queue.open or engine.waiting > 0 or engine.streams():
         return False
     return ledger.last_placed is not None and now - ledger.last_placed >= reprobe_s
 

@@ -212,7 +212,7 @@ class Ticket:
         if handed_off:
             self._prefill_s = seconds
             # nothing of this router's is prefilling on the decode engine as the handoff starts
-            self._handoff_clean = self.placement.decode.ledger.queued_tokens <= 0.0
+            self._handoff_clean = not self.placement.decode.ledger.queue.open
 
     def first_byte(
         self, engine: Engine, now: float, upstream_start: float | None, prefill_done: float | None

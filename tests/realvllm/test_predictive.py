@@ -1,0 +1,70 @@
+"""The predictive policy in front of a real vLLM prefill/decode pair whose pace nobody told it: every
+request answered in full, each one routed local or disaggregated by prediction (the handoff over
+real NIXL), and each first token it predicted set beside the one observed
+(`tandem_router_prediction_error_ratio`), the P/D prefill's too."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from harness import PDCluster, Router, metrics_of, stream_completion
+
+from tandem.common.routing import ScoringConfig
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+PASSAGE = (
+    "A predicted first token is the work queued ahead of it and its own, at the engine's pace. "
+)
+TOKENS = 8
+
+
+@pytest.fixture(scope="module")
+def router(pd_cluster: PDCluster) -> Iterator[Router]:
+    pd_cluster.ensure_engines()
+    router = pd_cluster.router(
+        "router-predictive", tokenizer=None, scoring=ScoringConfig(policy="predictive")
+    )
+    yield router
+    router.stop()
+
+
+def answer(url: str, prompt: str) -> str:
+    """Streams one completion of TOKENS tokens; returns the route the router took."""
+    raw = stream_completion(url, prompt, TOKENS)
+    chunks = list(raw.parse())
+    usage = chunks[-1].usage
+    assert usage is not None
+    assert usage.completion_tokens == TOKENS
+    return raw.headers["x-tandem-route"]
+
+
+def changed(before: dict[str, float], after: dict[str, float], name: str) -> float:
+    return after.get(name, 0.0) - before.get(name, 0.0)
+
+
+def test_predictive_places_hands_off_and_scores_its_predictions(
+    pd: PDCluster, router: Router
+) -> None:
+    before = metrics_of(router.url)
+    prompts = [PASSAGE * (1 + i % 4) + f"Request {i}." for i in range(12)]
+    routes = [answer(router.url, prompt) for prompt in prompts[:6]]  # one at a time
+    with ThreadPoolExecutor(max_workers=6) as pool:  # then six at once
+        routes += list(pool.map(lambda p: answer(router.url, p), prompts[6:]))
+    after = metrics_of(router.url)
+
+    assert set(routes) <= {"local", "disaggregated"}, routes
+    handed_off = routes.count("disaggregated")
+    decided = {
+        decision: changed(before, after, f"tandem_router_decisions_total{{decision={decision}}}")
+        for decision in ("local", "disaggregated", "fallback")
+    }
+    assert decided == {"local": 12 - handed_off, "disaggregated": handed_off, "fallback": 0}
+    error = "tandem_router_prediction_error_ratio"
+    # every streamed answer's first token was predicted and observed; every handoff's prefill too
+    assert changed(before, after, f"{error}_count{{quantity=ttft}}") == 12
+    assert changed(before, after, f"{error}_count{{quantity=prefill}}") == handed_off
+    ttft_error = changed(before, after, f"{error}_sum{{quantity=ttft}}") / 12
+    print(f"routes {routes}; TTFT prediction error, mean of 12: {ttft_error:.0%}")
