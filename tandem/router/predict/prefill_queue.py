@@ -36,11 +36,10 @@ seconds by the drain formula over y alone at t1. With a forgetting factor λ per
     κ_q = (N + W · κ) / (S + W),   N ← λ · N + (t2 - t1),   S ← λ · S + seed_y
 
 where κ is the prefill cost model's scale (learned from requests that met an idle engine, 1 at
-the seed) weighing as W = PRIOR_SEED_SECONDS seed seconds. A replay that runs ahead drops
-entries the engine still computes, so the next sample's t2 - t1 covers more work than its seed_y
-and κ_q grows; one that lags holds entries the engine has finished, so seed_y counts work already
-done and κ_q falls. The work other routers send to the engine lengthens t2 - t1 in the same way:
-the pace is this router's share of the engine.
+the seed) weighing as W = PRIOR_SEED_SECONDS seed seconds. Each sample times work whose start the
+router knows (y is first in line once x's step has ended), so it holds whether the replay ran
+ahead or lagged. The work other routers send to the engine lengthens t2 - t1 too: the pace is
+this router's share of the engine.
 """
 
 from __future__ import annotations
