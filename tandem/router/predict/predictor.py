@@ -118,10 +118,10 @@ class Predictor:
         self.mean_uncached_pairs += MEAN_WEIGHT * (work.pairs - self.mean_uncached_pairs)
         placement.decode.ledger.last_placed = placement.prefill_ledger.last_placed = now
         placement.decode.ledger.joined(now)
-        if placement.prefill is not None:
-            placement.prefill.ledger.joined(now)
         if placement.prefill is None:
             placement.decode.ledger.add_prefill(now, placement.decode.stall_s)
+        else:
+            placement.prefill.ledger.joined(now)
         return Ticket(self, placement, prompt_tokens, output, keys, target, streaming, now)
 
     def observe_error(self, quantity: str, predicted: float, observed: float) -> float | None:

@@ -221,8 +221,8 @@ class PrefillQueue:
         first = next((waiting for waiting in entries if waiting.left > 0.0), None)
         if first is not None:
             left = first.left
-            seeds = self._seed_s(left, first.pairs(left, first.tokens - left), streams, context)
-            self._pending = (first, now, seeds)
+            seed_y = self._seed_s(left, first.pairs(left, first.tokens - left), streams, context)
+            self._pending = (first, now, seed_y)
 
     def withdraw(self, entry: QueuedPrefill) -> None:
         """`entry` failed or was abandoned: it leaves alone, and is no pace sample."""
