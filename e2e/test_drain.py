@@ -182,9 +182,11 @@ def test_eviction_rollouts_and_scale_down_under_load_fail_no_request(pools: Pool
         what="the prefill budget allowing one disruption",
     )  # fmt: skip
     started = time.monotonic()
-    # Every fourth request runs for about 10 s, longer than the preStop: some are still on a
-    # decode engine at its SIGTERM, and it is vLLM's own drain that finishes them.
-    load = Load(url, MODEL, long_tokens=8000).start()
+    # Four workers decode 16,000 tokens each, about 11 s at the emulator's tenfold speed and five
+    # times the preStop, started 3 s apart so that at any moment some have most of their stream
+    # left: those are still on a decode engine at its SIGTERM, and it is vLLM's own drain that
+    # finishes them. Two more send short requests throughout.
+    load = Load(url, MODEL, long_workers=4, long_tokens=16_000, long_stagger_s=3.0).start()
     steps: dict[str, tuple[float, float]] = {}
     try:
         time.sleep(2)

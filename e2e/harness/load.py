@@ -24,36 +24,42 @@ class LoadResult:
 
 
 class Load:
-    """`workers` threads sending completions to `url` one after another until stopped, at most
-    `max_requests` in all and `max_seconds` long. Requests alternate streamed and plain; every
-    `long_every`-th asks for `long_tokens` (it is still running when its engine is told to stop),
-    the rest for `short_tokens`. A request counts as ok only with status 200 and every token it
-    asked for (`ignore_eos`), and for a stream its `[DONE]` with no error event before it."""
+    """Threads sending completions to `url` one after another until stopped, at most
+    `max_requests` in all and `max_seconds` long: `workers` ask for `short_tokens` each, and
+    `long_workers` ask for `long_tokens` each (still running when an engine is told to stop), the
+    k-th starting k·`long_stagger_s` late so that their requests stay spread over time instead of
+    starting and ending together. Requests alternate streamed and plain. A request counts as ok
+    only with status 200 and every token it asked for (`ignore_eos`), and for a stream its
+    `[DONE]` with no error event before it."""
 
     def __init__(
         self,
         url: str,
         model: str,
         *,
-        workers: int = 4,
+        workers: int = 2,
         short_tokens: int = 16,
+        long_workers: int = 0,
         long_tokens: int = 600,
-        long_every: int = 4,
+        long_stagger_s: float = 0.0,
         max_requests: int = 20_000,
         max_seconds: float = 240.0,
     ) -> None:
         self.url = url
         self.model = model
-        self.short_tokens = short_tokens
-        self.long_tokens = long_tokens
-        self.long_every = long_every
         self.max_requests = max_requests
         self.deadline = time.monotonic() + max_seconds
         self.result = LoadResult()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._threads = [
-            threading.Thread(target=self._work, args=(i,), daemon=True) for i in range(workers)
+            threading.Thread(target=self._work, args=(i, short_tokens, 0.0), daemon=True)
+            for i in range(workers)
+        ] + [
+            threading.Thread(
+                target=self._work, args=(workers + k, long_tokens, k * long_stagger_s), daemon=True
+            )
+            for k in range(long_workers)
         ]
 
     def start(self) -> Load:
@@ -78,9 +84,10 @@ class Load:
             self.result.sent += 1
             return self.result.sent
 
-    def _work(self, worker: int) -> None:
+    def _work(self, worker: int, tokens: int, delay_s: float) -> None:
+        if self._stop.wait(delay_s):
+            return
         while (number := self._next()) is not None:
-            tokens = self.long_tokens if number % self.long_every == 0 else self.short_tokens
             stream = number % 2 == 0
             prompt = f"worker {worker} request {number}: " + "drain me gently. " * 40
             started = time.monotonic()
