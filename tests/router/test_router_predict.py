@@ -304,6 +304,28 @@ def test_pd_when_local_misses_its_ttft_and_pd_meets() -> None:
     assert placement.ttft_s == pytest.approx(0.155 + 0.011)
 
 
+def test_the_handoff_goes_where_it_ends_soonest_not_to_the_lowest_tpot() -> None:
+    _, ledger_of = ledger_table()
+    d1, d2, p = engine("d1", "decode"), engine("d2", "decode"), engine("p", "prefill")
+    for _ in range(4):
+        behind(ledger_of(d1), 8000)  # 4 · 205 ms of prefill work queued on d1
+    ledger_of(d2).add_prefill(100.0, 0.2)  # d2 prefilled lately: its steps are 1 / 0.8 slower
+    inputs = inputs_for(2000)
+    ttft_p = 0.005 + 0.05
+    slower = decode_candidate(d2, ledger_of(d2), inputs)
+    assert slower.tpot_s == pytest.approx(0.006 / 0.8)
+    # on d1 the handoff waits behind 820 ms of prefill, 765 ms past its own prefill on p; on d2
+    # its 100 predicted tokens take 150 ms longer: d2 ends sooner
+    placement = place([d1, d2], [p], ledger_of, inputs, "always")
+    assert placement.decode.engine is d2
+    assert placement.handoff_wait_s == 0.0
+    assert placement.ttft_s == pytest.approx(ttft_p + 0.011)
+    ledger_of(d2).add_prefill(100.0, 0.5)  # now 1 / 0.3 slower: 1.4 s more over 100 tokens
+    placement = place([d1, d2], [p], ledger_of, inputs, "always")
+    assert placement.decode.engine is d1
+    assert placement.handoff_wait_s == pytest.approx(4 * 0.205 - ttft_p)
+
+
 def test_handoff_waits_for_the_decode_engines_prefill_work_beyond_its_own_prefill() -> None:
     _, ledger_of = ledger_table()
     d = engine("d", "decode")

@@ -39,9 +39,13 @@ its targets (T_ttft, T_tpot, `slo.py`) and block size B, with each engine's lear
   pick     = among candidates whose P(meet) ≥ best P(meet) - 0.05, the lowest cost
              (ties to the higher rendezvous weight of the first block, which every replica shares)
 
+  P/D decode engine (`pd_decode`), after the prefill engine p of lowest TTFT_p: among the decode
+  candidates whose KV is not predicted to overflow (all when none), the lowest
+    TTFT_pd(d) + L · TPOT(d)     (its end-to-end time that way: the handoff's wait behind d's
+                                  prefill work counts, so handoffs leave an engine whose local
+                                  prefills would hold them)
   P/D decision (mode auto, n = 1, a healthy prefill engine, the chosen decode engine not colocated),
-  with the local pick d, the prefill engine of lowest TTFT_pd and the P/D decode engine the
-  candidate of lowest TPOT:
+  with the local pick d:
     over budget ⇔ share(d) + stall(d) / w > `interferenceBudget` (w: the share's window)
     hurts       ⇔ stall(d) > the tightest slack of d's streams (`ledger.py`): each stream starts
                   with slack b0 = max(L - 1, 1) · (T_tpot - δ) (`stream_slack_s`; δ the
@@ -139,6 +143,7 @@ class Candidate:
     context: float
     meet: float
     cost: float
+    overflows: bool  # its KV is predicted to overflow with this request on it
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,13 +243,15 @@ def decode_candidate(engine: Engine, ledger: EngineLedger, inputs: PlacementInpu
     meet = meet_probability(ttft, target.ttft_s, ledger.ttft_sigma()) * meet_probability(
         tpot, target.tpot_s, ledger.tpot_sigma()
     )
-    if kv_overflows(engine, ledger, context, prompt + output.p90):
+    overflows = kv_overflows(engine, ledger, context, prompt + output.p90)
+    if overflows:
         meet = 0.0
     return Candidate(
         engine, ledger, own, backlog, open_ahead, ahead, through, ttft, stall, share, tpot, streams,
         context,
         meet,
         ttft + output.median * tpot + streams * stall,
+        overflows,
     )  # fmt: skip
 
 
@@ -365,10 +372,8 @@ def place(
     else:
         pick = None
     if pick is not None:
-        decode = min(separate, key=lambda c: c.tpot_s)
+        decode, pd_wait, pd_ttft = pd_decode(separate, pick, inputs)
         ledger = decode.ledger
-        pd_wait = handoff_wait_s(decode, pick.ttft_s)
-        pd_ttft = pick.ttft_s + pd_wait + ledger.costs.handoff_s(inputs.prompt_tokens)
         pd_ttft_meet = meet_probability(pd_ttft, target.ttft_s, ledger.ttft_sigma())
         if always or probe or _disaggregate(local, pick, pd_ttft, pd_ttft_meet, inputs):
             tpot_meet = meet_probability(decode.tpot_s, target.tpot_s, ledger.tpot_sigma())
@@ -384,6 +389,25 @@ def place(
         _first(chosen.engine, decoders),
         _first(prefill.engine, prefillers) if prefill is not None else [],
     )
+
+
+def pd_decode(
+    separate: Sequence[Candidate], pick: PrefillPick, inputs: PlacementInputs
+) -> tuple[Candidate, float, float]:
+    """The P/D decode engine after prefill pick p, its handoff wait and TTFT_pd: among the
+    candidates with KV room for the request (all of them when none has), the lowest
+    TTFT_pd(d) + L · TPOT(d), TTFT_pd(d) = TTFT_p + wait(d) + handoff_s_d(P) (module docstring)."""
+    best: tuple[Candidate, float, float] | None = None
+    best_cost = 0.0
+    roomy = [c for c in separate if not c.overflows] or separate
+    for candidate in roomy:
+        wait = handoff_wait_s(candidate, pick.ttft_s)
+        ttft = pick.ttft_s + wait + candidate.ledger.costs.handoff_s(inputs.prompt_tokens)
+        cost = ttft + inputs.output.median * candidate.tpot_s
+        if best is None or cost < best_cost:
+            best, best_cost = (candidate, wait, ttft), cost
+    assert best is not None
+    return best
 
 
 def queue_delay_s(ledger: EngineLedger, backlog_s: float, compute_s: float, now: float) -> float:
