@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 _WANTED = {
     b"vllm:num_requests_waiting": "waiting",
     b"vllm:num_requests_running": "running",
@@ -9,15 +11,26 @@ _WANTED = {
 }
 
 
+_CACHE_CONFIG = b"vllm:cache_config_info{"
+_LABEL = re.compile(rb'(?:^|[{,])(num_gpu_blocks|block_size)="(\d+)"')
+
+
 def parse_engine_load(text: bytes) -> dict[str, float]:
     """Sums each wanted gauge over its label sets (one engine may report several DP ranks).
 
-    kv_usage is averaged instead of summed. Unknown or malformed lines are skipped.
+    kv_usage is averaged instead of summed. kv_capacity is the KV cache's size in tokens,
+    num_gpu_blocks · block_size from `vllm:cache_config_info`'s labels, summed over its series
+    (0 when the engine reports none). Unknown or malformed lines are skipped.
     """
-    sums = {"waiting": 0.0, "running": 0.0, "kv_usage": 0.0}
+    sums = {"waiting": 0.0, "running": 0.0, "kv_usage": 0.0, "kv_capacity": 0.0}
     kv_series = 0
     for line in text.split(b"\n"):
         if not line.startswith(b"vllm:"):
+            continue
+        if line.startswith(_CACHE_CONFIG):
+            labels = dict(_LABEL.findall(line[: line.rfind(b"}") + 1]))
+            if b"num_gpu_blocks" in labels and b"block_size" in labels:
+                sums["kv_capacity"] += int(labels[b"num_gpu_blocks"]) * int(labels[b"block_size"])
             continue
         brace = line.find(b"{")
         space = line.find(b" ")

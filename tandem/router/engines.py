@@ -30,6 +30,8 @@ class Engine:
     waiting: float = 0.0
     running: float = 0.0
     kv_usage: float = 0.0
+    # Its KV cache in tokens (vllm:cache_config_info: num_gpu_blocks · block_size); 0: unknown.
+    kv_capacity: float = 0.0
     # This router's own pending and decoding counts when `waiting`/`running` were scraped.
     pending_at_scrape: int = 0
     decoding_at_scrape: int = 0

@@ -132,6 +132,8 @@ class EngineMonitor:
             engine.waiting = load["waiting"]
             engine.running = load["running"]
             engine.kv_usage = load["kv_usage"]
+            if load["kv_capacity"] > 0.0:
+                engine.kv_capacity = load["kv_capacity"]
             engine.lora = parse_lora_slots(text)
             engine.pending_at_scrape = engine.pending
             engine.decoding_at_scrape = engine.in_flight - engine.pending

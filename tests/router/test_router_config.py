@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from tandem_process import GOLDEN
 
 from tandem.router.config import KubernetesDiscovery, RouterConfig
 from tandem.router.discovery.kubernetes import engine_from_pod, label_selector, pool_owner_uids
@@ -138,4 +139,21 @@ vllm:num_requests_waiting{engine="1",model_name="m"} 1.0
 vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.5
 vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.25
 """
-    assert parse_engine_load(text) == {"waiting": 3.0, "running": 3.0, "kv_usage": 0.375}
+    assert parse_engine_load(text) == {
+        "waiting": 3.0, "running": 3.0, "kv_usage": 0.375, "kv_capacity": 0.0
+    }  # fmt: skip
+
+
+def test_kv_capacity_from_a_real_vllm_engines_cache_config() -> None:
+    """vLLM 0.32's own /metrics (tests/fixtures): num_gpu_blocks · block_size, and no other
+    label that ends in block_size (user_specified_block_size, mamba_block_size, ...) or starts
+    with num_gpu_blocks (num_gpu_blocks_override) is read for them."""
+    text = (GOLDEN / "pd" / "main" / "04_decode_metrics.txt").read_bytes()
+    assert b'num_gpu_blocks="32768"' in text
+    assert b'block_size="32"' in text
+    assert parse_engine_load(text)["kv_capacity"] == 32768 * 32
+    ranks = b"""vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="100"} 1.0
+vllm:cache_config_info{block_size="16",engine="1",num_gpu_blocks="100"} 1.0
+vllm:cache_config_info{block_size="None",engine="2",num_gpu_blocks="None"} 1.0
+"""
+    assert parse_engine_load(ranks)["kv_capacity"] == 3200

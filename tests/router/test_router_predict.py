@@ -329,10 +329,11 @@ def test_the_handoff_goes_where_it_ends_soonest_not_to_the_lowest_tpot() -> None
 def test_handoff_waits_for_the_decode_engines_prefill_work_beyond_its_own_prefill() -> None:
     _, ledger_of = ledger_table()
     d = engine("d", "decode")
-    candidate = decode_candidate(d, ledger_of(d), inputs_for(2000))
+    inputs = inputs_for(2000)
+    candidate = decode_candidate(d, ledger_of(d), inputs)
     assert handoff_wait_s(candidate, 0.1) == 0.0  # nothing ahead on d
     behind(ledger_of(d), 8000)  # 205 ms of prefill work ahead on d
-    candidate = decode_candidate(d, ledger_of(d), inputs_for(2000))
+    candidate = decode_candidate(d, ledger_of(d), inputs)
     assert handoff_wait_s(candidate, 0.1) == pytest.approx(0.105)
     assert handoff_wait_s(candidate, 0.3) == 0.0  # done before the prefill elsewhere ends
 
@@ -564,6 +565,32 @@ def test_sheddable_request_is_shed_when_no_placement_meets() -> None:
     assert not place([d], [], ledger_of, inputs_for(1000), "auto").shed
 
 
+def test_a_full_kv_cache_is_a_wait_until_its_streams_free_enough() -> None:
+    _, ledger_of = ledger_table()
+    d1, d2 = engine("d1", "decode"), engine("d2", "decode")
+    for e in (d1, d2):
+        e.kv_capacity, e.running = 10_000.0, 4.0
+    d1.kv_usage = 0.9  # 9,000 of 10,000 tokens held by four streams
+    inputs = inputs_for(2000)  # median output 100: a stream has 50 tokens left on average
+    full = decode_candidate(d1, ledger_of(d1), inputs)
+    # 1,000 tokens too many, freed at 9,000 tokens per 50 steps of 6 ms
+    assert full.kv_wait_s == pytest.approx(1000 * 50 * 0.006 / 9000)
+    assert full.ttft_s == pytest.approx(full.kv_wait_s + 0.055)  # then its own prefill
+    assert handoff_wait_s(full, 0.01) == pytest.approx(full.kv_wait_s - 0.01)
+    ledger_of(d2).claim(1500)  # a request this router sent d2 still needs 1,500 tokens
+    d2.kv_usage = 0.6
+    assert decode_candidate(d2, ledger_of(d2), inputs).kv_wait_s == 0.0  # 9,500 fit
+    ledger_of(d2).claim(1000)
+    assert decode_candidate(d2, ledger_of(d2), inputs).kv_wait_s == pytest.approx(
+        500 * 50 * 0.006 / 6000
+    )
+    assert place([d1, d2], [], ledger_of, inputs, "auto").decode.engine is d2
+    d1.kv_capacity = 0.0  # an engine that reports no cache config: no term
+    assert decode_candidate(d1, ledger_of(d1), inputs).kv_wait_s == 0.0
+    d2.running = 0.0  # nothing decoding: what it holds is prefills that finish soon
+    assert decode_candidate(d2, ledger_of(d2), inputs).kv_wait_s == 0.0
+
+
 def test_kv_overflow_rules_an_engine_out() -> None:
     ledger = EngineLedger(
         EngineCosts((0.005, 0.025, 0.0), (0.005, 0.003), (0.006, 0.0, 0.0), 0.98), 1.0
@@ -639,11 +666,13 @@ def test_ticket_holds_and_gives_back_and_teaches() -> None:
     ledger = predictor.ledger(d)
     ticket = predictor.ticket(placement, 2000, output, keys, target, True, 100.0)
     assert ledger.queue.tokens == 2000
+    assert ledger.claimed_tokens == 2000  # its prompt's KV, needed before its first token
     assert ledger.prefills_open == 1
     assert ledger.prefill_share(100.0) == pytest.approx(placement.decode.stall_s)
     before = ledger.costs.prefill_s(2000, 2e6)
     ticket.first_byte(d, now=10.5, upstream_start=10.0, prefill_done=None)
     assert ledger.queue.tokens == 0
+    assert ledger.claimed_tokens == 0  # now a stream's
     assert ledger.streams == 1
     assert ledger.last_placed == 100.0
     # the stream's slack: its predicted output's gaps at the 50 ms target less a 6 ms step
@@ -697,8 +726,11 @@ def test_ticket_of_an_abandoned_request_gives_back_its_queue() -> None:
     assert placement.prefill is not None
     ticket = predictor.ticket(placement, 2000, output, keys, target, True, 100.0)
     assert predictor.ledger(p).queue.tokens == 2000
+    ticket.prefilled(handed_off=True, seconds=0.05)
+    assert predictor.ledger(d).claimed_tokens == 2000  # the pull onto d has not happened yet
     ticket.finished(None, None)
     assert predictor.ledger(p).queue.tokens == 0
+    assert predictor.ledger(d).claimed_tokens == 0
 
 
 async def test_admission_serves_a_level_by_deadline() -> None:

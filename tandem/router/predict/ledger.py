@@ -11,7 +11,9 @@ a request already computed no longer counts, and each first token observed corre
 `prefills_open` counts this router's requests prefilled there that have not ended (the models
 learn from a request when it ends).
 `streams`, `stream_tokens` and `stream_output_tokens` describe this router's requests decoding
-there (count, prompt plus half their predicted output, and predicted output).
+there (count, prompt plus half their predicted output, and predicted output); `claimed_tokens`
+the KV its requests sent there to decode still need before their first token (each one's
+uncached prompt tokens there, local prefill or handoff, until its first byte).
 `prefill_share` is the part of the engine's time that the prefills this router placed there take,
 an exponentially decayed sum of their predicted compute seconds s_i over a window w:
 
@@ -76,6 +78,7 @@ class EngineLedger:
         "_share",
         "_slack_ended",
         "_slack_keys",
+        "claimed_tokens",
         "costs",
         "last_placed",
         "prefills_open",
@@ -99,6 +102,7 @@ class EngineLedger:
         self.streams = 0
         self.stream_tokens = 0.0
         self.stream_output_tokens = 0.0
+        self.claimed_tokens = 0.0
         self.stall_clock = 0.0  # S(t): every prefill's predicted stall placed here, summed
         self._slack_keys: list[float] = []  # a min-heap of the streams' keys b0 + S(t0)
         self._slack_ended: dict[float, int] = {}  # keys of ended streams still in the heap
@@ -173,6 +177,14 @@ class EngineLedger:
 
     def tpot_sigma(self) -> float:
         return max(math.sqrt(self.tpot_squared_log_error), MIN_SIGMA)
+
+    def claim(self, tokens: float) -> None:
+        """A request sent here to decode will need `tokens` of KV before its first token."""
+        self.claimed_tokens += tokens
+
+    def unclaim(self, tokens: float) -> None:
+        """Its first byte came (its KV is now a stream's), or it ended without one."""
+        self.claimed_tokens = max(self.claimed_tokens - tokens, 0.0)
 
     def add_stream(self, tokens: float, output_tokens: float, slack_s: float) -> float:
         """A stream starts with `slack_s` of stall it can absorb; returns its key for `end_stream`."""

@@ -13,6 +13,18 @@ its targets (T_ttft, T_tpot, `slo.py`) and block size B, with each engine's lear
     streams(d)   = `Engine.streams()` (the router's live count, or the engine's scraped one)
     context(d)   = stream_tokens(d) + max(streams(d) - own streams(d), 0) · mean stream tokens
     share(d)     = the ledger's prefill share of d's time at t
+    kv_wait(d)   = max(held + claimed + u - K, 0) · max(m / 2, 1) · TPOT(d) / held   (0 when K is
+                   unknown or no stream decodes on d): K the engine's KV in tokens
+                   (vllm:cache_config_info: num_gpu_blocks · block_size), held = max(kv_usage(d) ·
+                   K, own stream tokens), claimed the uncached prompt tokens of this router's
+                   requests sent to d that have no first token yet, u this request's uncached
+                   tokens there, m the mean predicted output of this router's streams there (else
+                   L). vLLM admits waiting requests in order, a pulled P/D prompt only with KV
+                   for all of it, a local prefill chunk by chunk (the newest running request is
+                   preempted when KV runs out): either way the request's uncached prompt needs
+                   KV before its first token. What d holds frees as its streams end, with half
+                   their output left on average, so the excess waits that share of a stream's
+                   remaining time
 
     through(e)   = ahead(e) + own work: the engine's prefill is work-conserving (chunked
                    prefill fills each step's token budget from the running requests, then the
@@ -20,14 +32,15 @@ its targets (T_ttft, T_tpot, `slo.py`) and block size B, with each engine's lear
                    work ahead of it and its own are done
 
   local on decode engine d:
-    TTFT  = backlog(d) + prefill_s_d(through(d))    (prefill_s at the queue's pace:
-            a + κ_q · seed, `ledger.prefill_s`)
+    TTFT  = max(backlog(d) + prefill_s_d(through(d)), kv_wait(d) + prefill_s_d(own))
+            (prefill_s at the queue's pace: a + κ_q · seed, `ledger.prefill_s`)
     stall = prefill_compute_s_d(own work)  (what each stream decoding on d waits for it)
     TPOT  = step_s_d(streams(d) + 1, context(d) + P + L / 2) / (1 - min(share(d), 0.9))
   prefill engine p, then decode engine d:
     wait  = max(busy(d) - TTFT_p, 0), TTFT_p = backlog(p) + prefill_s_p(through(p)),
-            busy(d) = backlog(d) + prefill_s_d(ahead(d)) (0 without either): the pulled request
-            joins d's waiting queue behind the prefill work already there
+            busy(d) = max(backlog(d) + prefill_s_d(ahead(d)), kv_wait(d)) (0 without any): the
+            pulled request joins d's waiting queue behind the prefill work already there, and
+            is admitted only with KV for its prompt
     TTFT  = TTFT_p + wait + handoff_s_d(P)
     TPOT  = as local on d
 
@@ -144,6 +157,7 @@ class Candidate:
     meet: float
     cost: float
     overflows: bool  # its KV is predicted to overflow with this request on it
+    kv_wait_s: float  # until the engine has KV free for the request (`kv_wait_s`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,12 +226,36 @@ def first_token_s(ledger: EngineLedger, backlog_s: float, through: Work) -> floa
 
 def handoff_wait_s(decode: Candidate, prefill_s: float) -> float:
     """max(busy(d) - prefill_s, 0): how long a request whose prefill elsewhere takes `prefill_s`
-    waits on decode engine d for the prefill work there before it (module docstring)."""
+    waits on decode engine d for the prefill work there before it, or for KV to pull its prompt
+    into (module docstring)."""
     ahead = decode.ahead
     busy = decode.backlog_s
     if ahead.tokens > 0.0:
         busy += decode.ledger.prefill_s(ahead.tokens, ahead.pairs)
-    return max(busy - prefill_s, 0.0)
+    return max(max(busy, decode.kv_wait_s) - prefill_s, 0.0)
+
+
+def kv_wait_s(
+    engine: Engine,
+    ledger: EngineLedger,
+    need_tokens: float,
+    streams: float,
+    tpot_s: float,
+    median_output: float,
+) -> float:
+    """kv_wait(d) (module docstring): until the KV the engine's streams hold has freed enough
+    for what this router has sent there ahead of the request and the request itself (0 without
+    streams: nothing is held long)."""
+    capacity = engine.kv_capacity
+    if capacity <= 0.0 or streams <= 0.0:
+        return 0.0
+    held = max(engine.kv_usage * capacity, ledger.stream_tokens)
+    excess = held + ledger.claimed_tokens + need_tokens - capacity
+    if excess <= 0.0 or held <= 0.0:
+        return 0.0
+    own = ledger.streams
+    output = ledger.stream_output_tokens / own if own else median_output
+    return excess * max(output * 0.5, 1.0) * tpot_s / held
 
 
 def decode_candidate(engine: Engine, ledger: EngineLedger, inputs: PlacementInputs) -> Candidate:
@@ -233,12 +271,15 @@ def decode_candidate(engine: Engine, ledger: EngineLedger, inputs: PlacementInpu
     context = ledger.stream_tokens + (foreign * inputs.mean_stream_tokens if foreign > 0 else 0.0)
     output = inputs.output
     through = through_first_token(ahead, own)
-    ttft = first_token_s(ledger, backlog, through)
     stall = costs.prefill_compute_s(own.tokens, own.pairs)
     share = ledger.prefill_share(inputs.now)
     tpot = slowed_by_prefills(
         costs.step_s(streams + 1, context + prompt + output.median * 0.5), share
     )
+    kv_wait = kv_wait_s(engine, ledger, own.tokens, streams, tpot, output.median)
+    ttft = first_token_s(ledger, backlog, through)
+    if kv_wait > 0.0:
+        ttft = max(ttft, kv_wait + ledger.prefill_s(own.tokens, own.pairs))
     target = inputs.target
     meet = meet_probability(ttft, target.ttft_s, ledger.ttft_sigma()) * meet_probability(
         tpot, target.tpot_s, ledger.tpot_sigma()
@@ -252,6 +293,7 @@ def decode_candidate(engine: Engine, ledger: EngineLedger, inputs: PlacementInpu
         meet,
         ttft + output.median * tpot + streams * stall,
         overflows,
+        kv_wait,
     )  # fmt: skip
 
 

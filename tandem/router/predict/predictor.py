@@ -144,6 +144,7 @@ class Ticket:
         "_first_byte",
         "_first_engine",
         "_handoff_clean",
+        "_kv_claim",
         "_placed_at",
         "_prefill_done",
         "_prefill_s",
@@ -187,6 +188,8 @@ class Ticket:
         queued_on.prefills_open += 1
         held = placement.prefill_work
         self._queued = queued_on.queue_work(now, held.tokens, held.pairs)
+        self._kv_claim = placement.decode.own.tokens
+        placement.decode.ledger.claim(self._kv_claim)
         self._stream_on: EngineLedger | None = None
         self._slack_key = 0.0
         self._stream_tokens = prompt_tokens + output.median * 0.5
@@ -203,6 +206,11 @@ class Ticket:
         if queued_on is not None:
             queued_on.work_done(time.monotonic(), self._queued, computed=computed)
             self._queued_on = None
+
+    def _release_kv_claim(self) -> None:
+        if self._kv_claim:
+            self.placement.decode.ledger.unclaim(self._kv_claim)
+            self._kv_claim = 0.0
 
     def prefilled(self, handed_off: bool, seconds: float | None) -> None:
         """The P/D prefill answered (`handed_off`: with a KV handoff the decode engine will pull)."""
@@ -222,6 +230,7 @@ class Ticket:
         self._release_queue(
             computed=placement.prefill is None and engine is placement.decode.engine
         )
+        self._release_kv_claim()
         self._first_byte = now
         self._first_engine = engine
         self._upstream_start = upstream_start
@@ -238,6 +247,7 @@ class Ticket:
         if log.isEnabledFor(logging.DEBUG):
             log.debug("prediction %s", json.dumps(self.explain(output_tokens, last_event)))
         self._release_queue(computed=False)
+        self._release_kv_claim()
         self._learn_prefill()
         ledger = self._stream_on
         prefilled_on = self._prefilled_on
@@ -287,6 +297,7 @@ class Ticket:
             "decode_ahead": decode.ahead.tokens,
             "decode_backlog_ms": ms(decode.backlog_s),
             "wait_ms": ms(placement.handoff_wait_s),
+            "kv_wait_ms": ms(decode.kv_wait_s),
             "handoff_ms": None
             if prefill is None
             else ms(placement.ttft_s - prefill.ttft_s - placement.handoff_wait_s),
