@@ -359,6 +359,7 @@ class RouterService:
             "waiting": engine.waiting,
             "running": engine.running,
             "kv_usage": engine.kv_usage,
+            "kv_capacity": engine.kv_capacity,
             "lora": None
             if engine.lora is None
             else {

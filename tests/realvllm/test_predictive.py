@@ -5,13 +5,16 @@ real NIXL), and each first token it predicted set beside the one observed
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import pytest
 from harness import PDCluster, Router, metrics_of, stream_completion
 
 from tandem.common.routing import ScoringConfig
+from tandem.router.engine_metrics import parse_engine_load
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -45,6 +48,20 @@ def changed(before: dict[str, float], after: dict[str, float], name: str) -> flo
     return after.get(name, 0.0) - before.get(name, 0.0)
 
 
+def settled_metrics(
+    url: str, before: dict[str, float], timeout_s: float = 10.0
+) -> dict[str, float]:
+    """The router's metrics once all 12 requests have been scored: a request's prediction is
+    scored as it ends, just after its last bytes reached the client."""
+    name = "tandem_router_prediction_error_ratio_count{quantity=ttft}"
+    deadline = time.monotonic() + timeout_s
+    while True:
+        after = metrics_of(url)
+        if changed(before, after, name) >= 12 or time.monotonic() > deadline:
+            return after
+        time.sleep(0.1)
+
+
 def test_predictive_places_hands_off_and_scores_its_predictions(
     pd: PDCluster, router: Router
 ) -> None:
@@ -53,7 +70,7 @@ def test_predictive_places_hands_off_and_scores_its_predictions(
     routes = [answer(router.url, prompt) for prompt in prompts[:6]]  # one at a time
     with ThreadPoolExecutor(max_workers=6) as pool:  # then six at once
         routes += list(pool.map(lambda p: answer(router.url, p), prompts[6:]))
-    after = metrics_of(router.url)
+    after = settled_metrics(router.url, before)
 
     assert set(routes) <= {"local", "disaggregated"}, routes
     handed_off = routes.count("disaggregated")
@@ -68,3 +85,14 @@ def test_predictive_places_hands_off_and_scores_its_predictions(
     assert changed(before, after, f"{error}_count{{quantity=prefill}}") == handed_off
     ttft_error = changed(before, after, f"{error}_sum{{quantity=ttft}}") / 12
     print(f"routes {routes}; TTFT prediction error, mean of 12: {ttft_error:.0%}")
+
+
+def test_the_kv_cache_size_is_read_from_each_engines_cache_config(router: Router) -> None:
+    """The KV wait's K: num_gpu_blocks · block_size of vLLM's own `vllm:cache_config_info`."""
+    engines = router.engines()
+    assert len(engines) == 2
+    for engine in engines:
+        text = httpx.get(f"{engine['url']}/metrics", timeout=10).content
+        capacity = parse_engine_load(text)["kv_capacity"]
+        assert capacity > 0, engine["url"]
+        assert engine["kv_capacity"] == capacity
