@@ -12,7 +12,7 @@ _WANTED = {
 
 
 _CACHE_CONFIG = b"vllm:cache_config_info{"
-_LABEL = re.compile(rb'(?:^|[{,])(num_gpu_blocks|block_size)="(\d+)"')
+_LABEL = re.compile(rb'[{,](num_gpu_blocks|block_size)="(\d+)"')
 
 
 def parse_engine_load(text: bytes) -> dict[str, float]:
