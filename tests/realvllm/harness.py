@@ -32,12 +32,15 @@ from tandem.local.cluster import PortPool, load_cluster
 from tandem.local.devices import probe_machine
 from tandem.local.logs import failure_excerpt
 from tandem.local.plan import LocalOptions, LocalPlan, ProcessSpec, build_plan
+from tandem.operator.render import ENGINE_KEY_ENV
 from tandem.router.config import RouterConfig, TrustConfig
+from tandem.router.handoff import prefill_body
 
 VLLM_PYTHON = os.environ.get("TANDEM_VLLM_PYTHON", "")
 EXAMPLE = ROOT / "examples" / "tiny-vllm.yaml"
 BLOCK = 32  # the example's blockSize
 STARTUP_S = 240.0
+TIER_CONNECT_S = 10.0  # the routers' connect and health timeout here (PDCluster.router)
 
 # Meta-Llama-3-8B-Instruct's chat template (tokenizer_config.json on the Hugging Face Hub,
 # meta-llama/Meta-Llama-3-8B-Instruct): bos_token, header tokens, trimmed content.
@@ -125,6 +128,50 @@ def metrics_of(url: str) -> dict[str, float]:
     return out
 
 
+def prefill_directly(engine: EngineProcess, prompt: str) -> dict[str, Any]:
+    """A prefill engine's answer to a `do_remote_decode` request of `prompt` (as the router sends
+    it): the `kv_transfer_params` a decode engine pulls with."""
+    answer = httpx.post(
+        f"{engine.url}/v1/completions",
+        content=prefill_body({"model": "tiny", "prompt": prompt, "max_tokens": 8}),
+        headers={"content-type": "application/json", **engine.auth},
+        timeout=60,
+    )
+    assert answer.status_code == 200, answer.text
+    params: dict[str, Any] = answer.json()["kv_transfer_params"]
+    return params
+
+
+def decode_directly(
+    engine: EngineProcess, prompt: str, params: dict[str, Any], timeout_s: float = 120
+) -> dict[str, Any]:
+    """A decode engine's answer of 8 tokens to `prompt`, its KV pulled with `params`."""
+    answer = httpx.post(
+        f"{engine.url}/v1/completions",
+        json={
+            "model": "tiny",
+            "prompt": prompt,
+            "max_tokens": 8,
+            "ignore_eos": True,
+            "kv_transfer_params": params,
+        },
+        headers=engine.auth,
+        timeout=timeout_s,
+    )
+    assert answer.status_code == 200, answer.text
+    body: dict[str, Any] = answer.json()
+    return body
+
+
+def nixl_pulls(engine: EngineProcess) -> tuple[float, float]:
+    """(NIXL transfers done, failed) of a decode engine so far."""
+    seen = metrics_of(engine.url)
+    return (
+        seen.get("vllm:nixl_xfer_time_seconds_count", 0.0),
+        seen.get("vllm:nixl_num_failed_transfers_total", 0.0),
+    )
+
+
 def measure(
     pd: PDCluster, routers: list[Router], path: str, bodies: list[dict[str, Any]]
 ) -> list[tuple[int, int, int]]:
@@ -195,6 +242,16 @@ class EngineProcess:
     def url(self) -> str:
         return self.spec.url
 
+    @property
+    def auth(self) -> dict[str, str]:
+        """The engine key the plan gives every engine (`Authorization: Bearer`), if any."""
+        key = self.spec.env.get(ENGINE_KEY_ENV)
+        return {"authorization": f"Bearer {key}"} if key else {}
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
     def start(self) -> None:
         with self.log_path.open("ab") as log:
             self.log_start = log.tell()
@@ -210,9 +267,9 @@ class EngineProcess:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def healthy(self) -> bool:
+    def healthy(self, timeout_s: float = 2.0) -> bool:
         with contextlib.suppress(httpx.HTTPError):
-            return httpx.get(f"{self.url}/health", timeout=2).status_code == 200
+            return httpx.get(f"{self.url}/health", timeout=timeout_s).status_code == 200
         return False
 
     def serves(self, headers: dict[str, str]) -> str | None:
@@ -398,6 +455,7 @@ class PDCluster:
         self.prefill, self.decode = (EngineProcess(s, run_dir) for s in plan.engines)
         self.routers: list[Router] = []
         self.checked_for = ""  # the test module `ensure_serving` last checked the engines for
+        self.handshaken: tuple[int | None, int | None] | None = None  # pids of the last handoff
         PDCluster.pairs.append(self)
 
     def stop_others(self) -> None:
@@ -410,13 +468,37 @@ class PDCluster:
         """The `needed` engines (default both) healthy; a killed one is started again on its own
         ports."""
         dead = [
-            e for e in needed or (self.prefill, self.decode) if not e.alive() or not e.healthy()
+            e
+            for e in needed or (self.prefill, self.decode)
+            if not e.alive() or not e.healthy(TIER_CONNECT_S)
         ]
         for engine in dead:
             engine.stop()
             engine.start()
         for engine in dead:
             engine.wait_healthy()
+        if not needed:
+            self.ensure_handshake()
+
+    def ensure_handshake(self, attempts: int = 3) -> None:
+        """One handoff pulled over NIXL between the running pair before any test measures one. The
+        first pull from a prefill engine starts vLLM's NIXL handshake, which gives up after 5 s
+        without a reply (then the decode engine recomputes the prompt); a loaded machine has
+        stalled an engine that long. Once per pair of processes."""
+        pair = (self.prefill.pid, self.decode.pid)
+        if pair == self.handshaken:
+            return
+        for attempt in range(attempts):
+            prompt = f"The pair's handshake, attempt {attempt} of processes {pair}. " * 4
+            before = nixl_pulls(self.decode)
+            decode_directly(self.decode, prompt, prefill_directly(self.prefill, prompt))
+            done, failed = (b - a for a, b in zip(before, nixl_pulls(self.decode), strict=True))
+            if done >= 1 and failed == 0:
+                self.handshaken = pair
+                return
+            print(f"handshake attempt {attempt}: pulls done {done}, failed {failed}; again")
+        excerpt = failure_excerpt(self.decode.log_text(), tail_lines=60)
+        raise AssertionError(f"no NIXL pull in {attempts} handoffs; the decode log:\n{excerpt}")
 
     def ensure_serving(self, module: str) -> None:
         """Once per test `module`: each running engine serving (`EngineProcess.serves`). One that
@@ -443,7 +525,13 @@ class PDCluster:
     def router(self, name: str = "router", **changes: object) -> Router:
         """A router for the pair (the plan's config with `changes`), ready; one of several
         `processes` serves its /engines and /metrics on an admin port of its own."""
-        config = self.plan.router_config.model_copy(update={"port": free_port(), **changes})
+        # What this tier tests is routing over real engines, not the monitor's verdict on an engine
+        # silent for 2 s (the product's connect and health timeout): CI has seen this loaded
+        # machine hold an engine's API server silent for 28 s, and a router that then marks it
+        # unhealthy routes around it.
+        planned = self.plan.router_config
+        timeouts = planned.timeouts.model_copy(update={"connect_s": TIER_CONNECT_S})
+        config = planned.model_copy(update={"port": free_port(), "timeouts": timeouts, **changes})
         admin_port = free_port() if config.processes > 1 else None
         # The tests read the engines' addresses.
         trust = TrustConfig(trust_all_clients=True, admin_port=admin_port)

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import openai
 import pytest
 from engine_standin import EngineStandIn
-from harness import PDCluster, metrics_of, openai_client, stream_completion
+from harness import EngineProcess, PDCluster, metrics_of, openai_client, stream_completion
 
 from tandem.common.routing import DisaggregationConfig
 from tandem.router.config import StaticDiscovery, StaticEndpoint
@@ -86,6 +86,10 @@ def test_prefill_killed_after_its_answer_still_answers_the_client(
 def test_decode_killed_mid_stream_ends_the_clients_stream_with_an_error(
     pd_cluster: PDCluster,
 ) -> None:
+    """The decode engine is SIGKILLed once the client has 3 chunks of a long stream and the engine
+    still runs it: the client's stream ends with the router's error. A stream the engine finished
+    before the client read its third chunk (a client starved on a loaded machine, its answer
+    waiting in socket buffers) proves nothing and is replaced."""
     # Only the decode engine streams here: a prefill engine killed by the test before is not
     # restarted for it (that costs a minute on this machine).
     pd = pd_cluster
@@ -94,25 +98,35 @@ def test_decode_killed_mid_stream_ends_the_clients_stream_with_an_error(
         "router-midstream", tokenizer=None, disaggregation=DisaggregationConfig(mode="never")
     )
     try:
-        stream = openai_client(router.url).completions.create(
-            model="tiny",
-            prompt=PROMPT,
-            max_tokens=1800,
-            stream=True,
-            extra_body={"ignore_eos": True},
-        )
-        received = 0
-        with pytest.raises(openai.APIError) as failure:  # noqa: PT012 (the kill happens while streaming)
-            for _ in stream:
-                received += 1
-                if received == 3:
-                    killed_at = time.monotonic()
-                    pd.decode.kill()
+        for attempt in range(3):
+            stream = openai_client(router.url).completions.create(
+                model="tiny",
+                prompt=PROMPT,
+                max_tokens=1800,
+                stream=True,
+                extra_body={"ignore_eos": True},
+            )
+            chunks = iter(stream)
+            for _ in range(3):
+                next(chunks)
+            if running(pd.decode) >= 1:
+                killed_at = time.monotonic()
+                pd.decode.kill()
+                break
+            rest = sum(1 for _ in chunks)
+            print(f"attempt {attempt}: the engine had ended the stream ({rest} chunks unread)")
+        else:
+            pytest.fail("the decode engine ended each of 3 streams before its third chunk was read")
+        with pytest.raises(openai.APIError) as failure:
+            for _ in chunks:
+                pass
         ended_after = time.monotonic() - killed_at
-        print(
-            f"decode killed after {received} chunks: the client's stream ended {ended_after:.2f} s later"
-        )
+        print(f"decode killed after 3 chunks: the client's stream ended {ended_after:.2f} s later")
         assert "decode engine failed mid-stream" in str(failure.value)
         assert ended_after < 30
     finally:
         router.stop()
+
+
+def running(engine: EngineProcess) -> float:
+    return metrics_of(engine.url).get("vllm:num_requests_running", 0.0)

@@ -49,7 +49,7 @@ def changed(before: dict[str, float], after: dict[str, float], name: str) -> flo
 
 
 def settled_metrics(
-    url: str, before: dict[str, float], timeout_s: float = 10.0
+    url: str, before: dict[str, float], timeout_s: float = 60.0
 ) -> dict[str, float]:
     """The router's metrics once all 12 requests have been scored: a request's prediction is
     scored as it ends, just after its last bytes reached the client."""
