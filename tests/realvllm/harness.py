@@ -128,6 +128,11 @@ def metrics_of(url: str) -> dict[str, float]:
     return out
 
 
+def requests_running(url: str) -> float:
+    """The engine's `vllm:num_requests_running`: the requests it is computing now."""
+    return metrics_of(url).get("vllm:num_requests_running", 0.0)
+
+
 def prefill_directly(engine: EngineProcess, prompt: str) -> dict[str, Any]:
     """A prefill engine's answer to a `do_remote_decode` request of `prompt` (as the router sends
     it): the `kv_transfer_params` a decode engine pulls with."""
@@ -507,10 +512,8 @@ class PDCluster:
         if module == self.checked_for:
             return
         self.checked_for = module
-        key = self.plan.router_config.auth.engine_key
-        headers = {"authorization": f"Bearer {key}"} if key else {}
         for engine in (self.prefill, self.decode):
-            problem = engine.serves(headers) if engine.alive() else None
+            problem = engine.serves(engine.auth) if engine.alive() else None
             if problem is None:
                 continue
             kept = self.run_dir / f"{engine.spec.name}-stuck-{time.strftime('%H%M%S')}.log"

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import openai
 import pytest
 from engine_standin import EngineStandIn
-from harness import EngineProcess, PDCluster, metrics_of, openai_client, stream_completion
+from harness import PDCluster, metrics_of, openai_client, requests_running, stream_completion
 
 from tandem.common.routing import DisaggregationConfig
 from tandem.router.config import StaticDiscovery, StaticEndpoint
@@ -109,7 +109,7 @@ def test_decode_killed_mid_stream_ends_the_clients_stream_with_an_error(
             chunks = iter(stream)
             for _ in range(3):
                 next(chunks)
-            if running(pd.decode) >= 1:
+            if requests_running(pd.decode.url) >= 1:
                 killed_at = time.monotonic()
                 pd.decode.kill()
                 break
@@ -126,7 +126,3 @@ def test_decode_killed_mid_stream_ends_the_clients_stream_with_an_error(
         assert ended_after < 30
     finally:
         router.stop()
-
-
-def running(engine: EngineProcess) -> float:
-    return metrics_of(engine.url).get("vllm:num_requests_running", 0.0)

@@ -21,9 +21,9 @@ from harness import (
     EngineProcess,
     PDCluster,
     decode_directly,
-    metrics_of,
     nixl_pulls,
     prefill_directly,
+    requests_running,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -110,7 +110,7 @@ class InFlight:
         False once either has ended or the time is up."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline and not self.ended():
-            if metrics_of(self.url).get("vllm:num_requests_running", 0.0) >= 2:
+            if requests_running(self.url) >= 2:
                 return True
             time.sleep(0.02)
         return False
