@@ -16,6 +16,7 @@ import signal
 import subprocess
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,7 @@ VLLM_PYTHON = os.environ.get("TANDEM_VLLM_PYTHON", "")
 EXAMPLE = ROOT / "examples" / "tiny-vllm.yaml"
 BLOCK = 32  # the example's blockSize
 STARTUP_S = 240.0
+END_OF_REPLAY = (-1).to_bytes(8, "big", signed=True)  # vLLM's replay end marker
 TIER_CONNECT_S = 10.0  # the routers' connect and health timeout here (PDCluster.router)
 
 # Meta-Llama-3-8B-Instruct's chat template (tokenizer_config.json on the Hugging Face Hub,
@@ -131,6 +133,30 @@ def metrics_of(url: str) -> dict[str, float]:
 def requests_running(url: str) -> float:
     """The engine's `vllm:num_requests_running`: the requests it is computing now."""
     return metrics_of(url).get("vllm:num_requests_running", 0.0)
+
+
+def stop_core_while_running(
+    engine: EngineProcess,
+    requests: int,
+    ready: Callable[[], bool],
+    ended: Callable[[], bool],
+    timeout_s: float = 120.0,
+) -> bool:
+    """Lets `engine` compute in 0.1 s spells, its EngineCore stopped between them, until in a stop
+    `ready()` holds and /metrics counts at least `requests` running: True then, the core left
+    stopped (the caller kills the engine or resumes the core). False once `ended()` holds or the
+    time is up, the core running. No step runs while the core is stopped, and the gauge is set
+    from the outputs of the core's last step (after it dropped the requests that step finished),
+    so a request counted then is unfinished however far behind its client reads: the check
+    cannot come too late on a loaded machine, nor the request end before the caller acts."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and not ended():
+        engine.stop_core()
+        if ready() and requests_running(engine.url) >= requests:
+            return True
+        engine.resume_core()
+        time.sleep(0.1)
+    return False
 
 
 def prefill_directly(engine: EngineProcess, prompt: str) -> dict[str, Any]:
@@ -317,6 +343,34 @@ class EngineProcess:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, sig)
 
+    def core_pids(self) -> list[int]:
+        """The engine's EngineCore processes (vLLM titles them `VLLM::EngineCore...`) in its
+        process group."""
+        if self.proc is None:
+            return []
+        pids = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                with contextlib.suppress(OSError):
+                    in_group = os.getpgid(int(entry.name)) == self.proc.pid
+                    if in_group and b"EngineCore" in (entry / "cmdline").read_bytes():
+                        pids.append(int(entry.name))
+        return pids
+
+    def stop_core(self) -> None:
+        """SIGSTOP the EngineCore: no step runs until `resume_core`, while the API server still
+        answers and streams what the core gave it before."""
+        pids = self.core_pids()
+        if not pids:
+            raise RuntimeError(f"{self.spec.name} has no EngineCore process to stop")
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+
+    def resume_core(self) -> None:
+        for pid in self.core_pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
     def kill(self) -> None:
         """SIGKILL the engine and its children at once (a crash, not a shutdown)."""
         self.signal_group(signal.SIGKILL)
@@ -327,6 +381,7 @@ class EngineProcess:
         if self.proc is None:
             return
         self.signal_group(signal.SIGTERM)
+        self.signal_group(signal.SIGCONT)  # a core a failed test left stopped
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(20)
         self.signal_group(signal.SIGKILL)  # grandchildren of an exited leader, too
@@ -400,50 +455,72 @@ class Router(TandemProcess):
             for e in self.engines()
         }
 
-    def wait_kv_events_settled(self, before: dict[str, int], timeout_s: float = 15.0) -> None:
-        """Until the index has what the last request stored: every engine's KV-event sequence has
-        moved past `before` and held still for half a second, or the sequences held still for two
-        seconds whatever moved (a request whose blocks were all cached already stores nothing, or
-        only on the decode engine: seen with a repeated prompt in test_render)."""
-        deadline = time.monotonic() + timeout_s
-        last, since = self.kv_seqs(), time.monotonic()
-        while time.monotonic() < deadline:
-            time.sleep(0.1)
-            now = self.kv_seqs()
-            if now != last:
-                last, since = now, time.monotonic()
-                continue
-            still = time.monotonic() - since
-            moved = all(now[u] > before.get(u, -1) for u in now)
-            if (moved and still > 0.5) or still > 2.0:
-                return
+    def wait_kv_events_settled(self, before: dict[str, int], timeout_s: float = 60.0) -> None:
+        """Until the index has what the last request stored: the router has every batch each
+        engine has published (the newest sequence number its replay endpoint holds) and the
+        engines published nothing for half a second, which every engine's sequence moved past
+        `before`, or for two seconds whatever moved (a request whose blocks were all cached
+        already stores nothing, or only on the decode engine: seen with a repeated prompt in
+        test_render). The engine core hands a step's events to its publisher before the step's
+        outputs, so once the request is answered its batches are published or about to be;
+        what the router has not received yet is waited for, however long it lags."""
         static = self.config.static
-        engines = [*static.prefill, *static.decode, *static.workers] if static else []
-        probes = {e.url: replay_probe(e.kv_events_replay) for e in engines}
+        endpoints = {
+            e.url: e.kv_events_replay
+            for e in ([*static.prefill, *static.decode, *static.workers] if static else [])
+        }
+        deadline = time.monotonic() + timeout_s
+        last: dict[str, int] = {}
+        since = time.monotonic()
+        while time.monotonic() < deadline:
+            seen = self.kv_seqs()
+            # an engine without a replay endpoint: what the router has is all there is to go by
+            published = {
+                url: replayed(endpoint)[0][-1] if (endpoint := endpoints.get(url)) else seq
+                for url, seq in seen.items()
+            }
+            if published != last:
+                last, since = published, time.monotonic()
+            caught_up = all(seen[url] >= seq for url, seq in published.items())
+            still = time.monotonic() - since
+            moved = all(seq > before.get(url, -1) for url, seq in published.items())
+            if caught_up and ((moved and still > 0.5) or still > 2.0):
+                return
+            time.sleep(0.1)
+        probes = {url: replay_probe(endpoint) for url, endpoint in endpoints.items()}
         raise TimeoutError(
-            f"KV events did not settle: before {before}, now {last}; the engines' replay "
-            f"endpoints asked directly: {probes}; router's view: {self.engines()}; "
-            f"router log:\n{self.output()}"
+            f"KV events did not settle: before {before}, published {last}, router's "
+            f"{self.kv_seqs()}; the engines' replay endpoints asked directly: {probes}; "
+            f"router's view: {self.engines()}; router log:\n{self.output()}"
         )
 
 
-def replay_probe(endpoint: str | None, timeout_s: float = 3.0) -> str:
+def replayed(endpoint: str, timeout_s: float = 3.0) -> tuple[list[int], bool]:
+    """The sequence numbers of the batches an engine's KV-event replay endpoint holds, oldest
+    first, after a -1 (none yet), and whether its end marker came within `timeout_s` of the last
+    answer."""
+    seqs = [-1]
+    with zmq.Context() as context, context.socket(zmq.DEALER) as dealer:
+        dealer.setsockopt(zmq.LINGER, 0)
+        dealer.connect(endpoint)
+        dealer.send_multipart([b"", (0).to_bytes(8, "big")])
+        while dealer.poll(int(timeout_s * 1000)):
+            frames = dealer.recv_multipart()
+            if len(frames) < 4 or frames[2] == END_OF_REPLAY:
+                return seqs, True
+            seqs.append(int.from_bytes(frames[2], "big"))
+    return seqs, False
+
+
+def replay_probe(endpoint: str | None) -> str:
     """What an engine's KV-event replay endpoint answers a request for everything it buffered,
     asked from here (tells an engine that stopped publishing from a router that stopped
     listening)."""
     if endpoint is None:
         return "no replay endpoint"
-    with zmq.Context() as context, context.socket(zmq.DEALER) as dealer:
-        dealer.setsockopt(zmq.LINGER, 0)
-        dealer.connect(endpoint)
-        dealer.send_multipart([b"", (0).to_bytes(8, "big")])
-        batches = 0
-        while dealer.poll(int(timeout_s * 1000)):
-            frames = dealer.recv_multipart()
-            if len(frames) < 4 or frames[2] == (-1).to_bytes(8, "big", signed=True):
-                return f"{batches} batches, then the end marker"
-            batches += 1
-        return f"no answer in {timeout_s} s after {batches} batches"
+    seqs, ended = replayed(endpoint)
+    answer = "then the end marker" if ended else "then nothing in 3 s"
+    return f"{len(seqs) - 1} batches ({seqs[1:2]} to {seqs[-1]}), {answer}"
 
 
 class PDCluster:

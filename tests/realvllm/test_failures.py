@@ -5,13 +5,20 @@ is restarted before the next test that needs it."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 
 import openai
 import pytest
 from engine_standin import EngineStandIn
-from harness import PDCluster, metrics_of, openai_client, requests_running, stream_completion
+from harness import (
+    PDCluster,
+    metrics_of,
+    openai_client,
+    stop_core_while_running,
+    stream_completion,
+)
 
 from tandem.common.routing import DisaggregationConfig
 from tandem.router.config import StaticDiscovery, StaticEndpoint
@@ -83,13 +90,41 @@ def test_prefill_killed_after_its_answer_still_answers_the_client(
         router.stop()
 
 
+class StreamReader(threading.Thread):
+    """Reads a long stream from the router to its end, counting chunks: how it ended and when."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(daemon=True)
+        self.url = url
+        self.chunks = 0
+        self.error: Exception | None = None  # an openai.APIError from the router's error event
+        self.ended_at: float | None = None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            stream = openai_client(self.url).completions.create(
+                model="tiny",
+                prompt=PROMPT,
+                max_tokens=1800,
+                stream=True,
+                extra_body={"ignore_eos": True},
+            )
+            for _ in stream:
+                self.chunks += 1
+        except Exception as error:  # asserted by the test, whatever it is
+            self.error = error
+        finally:
+            self.ended_at = time.monotonic()
+
+
 def test_decode_killed_mid_stream_ends_the_clients_stream_with_an_error(
     pd_cluster: PDCluster,
 ) -> None:
     """The decode engine is SIGKILLed once the client has 3 chunks of a long stream and the engine
-    still runs it: the client's stream ends with the router's error. A stream the engine finished
-    before the client read its third chunk (a client starved on a loaded machine, its answer
-    waiting in socket buffers) proves nothing and is replaced."""
+    still runs it (checked with its EngineCore stopped: a client starved on a loaded machine reads
+    late, and an engine on a quiet one decodes fast): the client's stream ends with the router's
+    error."""
     # Only the decode engine streams here: a prefill engine killed by the test before is not
     # restarted for it (that costs a minute on this machine).
     pd = pd_cluster
@@ -98,31 +133,26 @@ def test_decode_killed_mid_stream_ends_the_clients_stream_with_an_error(
         "router-midstream", tokenizer=None, disaggregation=DisaggregationConfig(mode="never")
     )
     try:
-        for attempt in range(3):
-            stream = openai_client(router.url).completions.create(
-                model="tiny",
-                prompt=PROMPT,
-                max_tokens=1800,
-                stream=True,
-                extra_body={"ignore_eos": True},
-            )
-            chunks = iter(stream)
-            for _ in range(3):
-                next(chunks)
-            if requests_running(pd.decode.url) >= 1:
-                killed_at = time.monotonic()
-                pd.decode.kill()
-                break
-            rest = sum(1 for _ in chunks)
-            print(f"attempt {attempt}: the engine had ended the stream ({rest} chunks unread)")
-        else:
-            pytest.fail("the decode engine ended each of 3 streams before its third chunk was read")
-        with pytest.raises(openai.APIError) as failure:
-            for _ in chunks:
-                pass
-        ended_after = time.monotonic() - killed_at
-        print(f"decode killed after 3 chunks: the client's stream ended {ended_after:.2f} s later")
-        assert "decode engine failed mid-stream" in str(failure.value)
+        reader = StreamReader(router.url)
+        caught = stop_core_while_running(
+            pd.decode,
+            requests=1,
+            ready=lambda: reader.chunks >= 3,
+            ended=lambda: reader.ended_at is not None,
+        )
+        assert caught, f"the stream ended ({reader.chunks} chunks, {reader.error!r}) unkilled"
+        killed_at = time.monotonic()
+        pd.decode.kill()
+        reader.join(60)
+        assert reader.ended_at is not None, "the client's stream hangs after the kill"
+        ended_after = reader.ended_at - killed_at
+        print(
+            f"decode killed after {reader.chunks} chunks read: the client's stream ended "
+            f"{ended_after:.2f} s later: {reader.error!r}"
+        )
+        assert reader.error is not None, f"the stream ended whole after {reader.chunks} chunks"
+        assert isinstance(reader.error, openai.APIError), repr(reader.error)
+        assert "decode engine failed mid-stream" in str(reader.error)
         assert ended_after < 30
     finally:
         router.stop()

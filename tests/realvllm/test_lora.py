@@ -29,6 +29,7 @@ from harness import (
     assert_parity,
     measure,
     plan_tiny_cluster,
+    stop_core_while_running,
 )
 from lora_adapter import make_adapter
 
@@ -207,8 +208,9 @@ def test_the_router_reads_the_adapter_slots_vllm_reports(
     lora_pd: PDCluster, router: Router
 ) -> None:
     """While an adapter request decodes, vllm:lora_requests_info names it running; the router's
-    view of the engine follows. The request is as long as the context allows (a quiet machine
-    once finished 300 tokens before a poll saw them), and the engine is polled without pause."""
+    view of the engine follows. The engine's core is stopped once it runs the request (a quiet
+    machine once finished 300 tokens before a poll saw them), so the router's monitor has all
+    the time it needs to read the slots."""
     done = threading.Event()
     status: list[int] = []
 
@@ -226,24 +228,26 @@ def test_the_router_reads_the_adapter_slots_vllm_reports(
 
     worker = threading.Thread(target=long_request)
     worker.start()
-    seen_engine = seen_router = None
+    engine = lora_pd.decode
+    seen_router = None
     try:
-        deadline = time.monotonic() + 120
-        while not done.is_set() and time.monotonic() < deadline:
-            slots = parse_lora_slots(httpx.get(f"{lora_pd.decode.url}/metrics", timeout=10).content)
-            if slots is not None and "ad1" in slots.running:
-                seen_engine = slots
-            view = next(e for e in router.engines() if e["url"] == lora_pd.decode.url)
-            if view["lora"] and "ad1" in view["lora"]["running"]:
-                seen_router = view["lora"]
-            if seen_engine and seen_router:
-                break
-            time.sleep(0.02)
+        assert stop_core_while_running(engine, 1, ready=lambda: True, ended=done.is_set)
+        try:
+            slots = parse_lora_slots(httpx.get(f"{engine.url}/metrics", timeout=10).content)
+            deadline = time.monotonic() + 30
+            while seen_router is None and time.monotonic() < deadline:
+                view = next(e for e in router.engines() if e["url"] == engine.url)
+                if view["lora"] and "ad1" in view["lora"]["running"]:
+                    seen_router = view["lora"]
+                time.sleep(0.1)
+        finally:
+            engine.resume_core()
     finally:
         worker.join(190)
     assert status == [200], status
-    assert seen_engine is not None
-    assert seen_engine.max_loras == 1
+    assert slots is not None
+    assert "ad1" in slots.running, slots
+    assert slots.max_loras == 1
     assert seen_router == {"max_loras": 1, "running": ["ad1"], "waiting": seen_router["waiting"]}
 
 

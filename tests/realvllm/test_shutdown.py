@@ -23,7 +23,7 @@ from harness import (
     decode_directly,
     nixl_pulls,
     prefill_directly,
-    requests_running,
+    stop_core_while_running,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -104,17 +104,6 @@ class InFlight:
         for thread in self._threads:
             thread.start()
 
-    def wait_both_running(self, timeout_s: float = 60) -> bool:
-        """Until the engine reports both requests running (the stream streams by then; the plain
-        request's thread may not have sent it yet, and one sent after the signal is refused);
-        False once either has ended or the time is up."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and not self.ended():
-            if requests_running(self.url) >= 2:
-                return True
-            time.sleep(0.02)
-        return False
-
     def ended(self) -> bool:
         return any(not thread.is_alive() for thread in self._threads)
 
@@ -181,14 +170,15 @@ class InFlight:
 
 
 def _both_in_flight(engine: EngineProcess, timeout_s: float, attempts: int = 3) -> InFlight:
-    """A pair of LONG requests the engine reports running together. A pair that a stalled poll
-    missed until one of them ended is waited out and replaced: the signal must find both in
-    flight, whatever the machine's speed."""
+    """A pair of LONG requests the engine runs together, its core resumed just now for the
+    caller's signal. A pair of which one ended before the engine held both (the plain request's
+    thread may send late on a loaded machine) is waited out and replaced."""
     missed = []
     for _ in range(attempts):
         flight = InFlight(engine, timeout_s)
         assert flight.streaming.wait(60), flight.summary()
-        if flight.wait_both_running():
+        if stop_core_while_running(engine, 2, ready=lambda: True, ended=flight.ended, timeout_s=60):
+            engine.resume_core()
             return flight
         flight.join(timeout_s + 10)
         missed.append(flight.summary())
