@@ -163,6 +163,12 @@ class KvEventSubscriber:
     (`tandem_router_kv_event_errors_total{kind="batch"}`) and skipped; a failing subscription is
     counted (`kind="subscription"`), and the subscriber connects again after a backoff and asks
     for a replay from the first sequence number it has not applied.
+
+    A live batch lost is found by the sequence gap the next one shows; a lost batch with none
+    after it would stay out of the index until the engine publishes again (ZMQ drops what a
+    subscription misses while it reconnects, as after an engine that stalled past the heartbeat
+    timeout). So after `quiet_s` without a live batch the subscriber asks the replay endpoint once
+    for anything after the last batch applied (`catch_ups` counts the times it brought some).
     """
 
     def __init__(
@@ -176,6 +182,7 @@ class KvEventSubscriber:
         replay_max_s: float = 10.0,
         max_backoff_s: float = 10.0,
         heartbeat_s: float = 5.0,
+        quiet_s: float = 5.0,
     ):
         self.map = block_map
         self.endpoint = endpoint
@@ -186,6 +193,7 @@ class KvEventSubscriber:
         self.replay_max_s = replay_max_s
         self.max_backoff_s = max_backoff_s
         self.heartbeat_s = heartbeat_s
+        self.quiet_s = quiet_s
         self.last_seq: int | None = None
         # Set once the first replay after start has ended, whatever its outcome: the router
         # serves only after this (or its start-up bound), so it never predicts from an index that
@@ -194,6 +202,7 @@ class KvEventSubscriber:
         self.replays = 0
         self.replay_rounds = 0
         self.resubscribes = 0
+        self.catch_ups = 0
         self.bad_batches = 0
         self._task: asyncio.Task[None] | None = None
 
@@ -260,7 +269,12 @@ class KvEventSubscriber:
             await self._replay()
             self.caught_up.set()
             while True:
-                frames = await sub.recv_multipart()
+                try:
+                    async with asyncio.timeout(self.quiet_s):
+                        frames = await sub.recv_multipart()
+                except TimeoutError:
+                    await self._catch_up()
+                    continue
                 if len(frames) < 3 or len(frames[-2]) != 8:
                     self._count("batch")
                     continue
@@ -282,6 +296,22 @@ class KvEventSubscriber:
             if self.last_seq is not None and seq <= self.last_seq:
                 return
         self._accept(seq, payload, live=True)
+
+    async def _catch_up(self) -> None:
+        """One replay round after a quiet spell (class docstring), logged only when it brought
+        batches that never arrived live."""
+        if not self.replay_endpoint:
+            return
+        before = self.last_seq
+        await self._replay_round()
+        if self.last_seq != before:
+            self.catch_ups += 1
+            log.info(
+                "KV events from %s: batches %d to %d never arrived live; replayed",
+                self.endpoint,
+                0 if before is None else before + 1,
+                self.last_seq,
+            )
 
     async def _replay(self) -> None:
         """Applies the engine's buffered batches after the last one applied: rounds of

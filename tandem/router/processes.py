@@ -20,7 +20,7 @@ The engines as the router sees them (`GET /engines`) are one list over the worke
 
     healthy   = healthy in every process        in_flight = sum over processes
     *_blocks  = max over processes              kv_events_replays, _replay_rounds,
-                                                _resubscribes = sums
+                                                _resubscribes, _catch_ups = sums
     kv_events_last_seq = max over processes     the scraped figures: the first process's
 
     removal_cost = mean over processes
@@ -84,7 +84,13 @@ def restart_delay(exits: Sequence[float], now: float) -> float:
 
 
 # Per-process figures of an engine that `merge_engine_views` combines, and how.
-_SUMMED = ("in_flight", "kv_events_replays", "kv_events_replay_rounds", "kv_events_resubscribes")
+_SUMMED = (
+    "in_flight",
+    "kv_events_replays",
+    "kv_events_replay_rounds",
+    "kv_events_resubscribes",
+    "kv_events_catch_ups",
+)
 _LARGEST = ("indexed_blocks", "history_blocks", "kv_events_last_seq")
 _PER_PROCESS = (
     "healthy",

@@ -376,6 +376,7 @@ class RouterService:
             "kv_events_replays": subscriber.replays if subscriber else None,
             "kv_events_replay_rounds": subscriber.replay_rounds if subscriber else None,
             "kv_events_resubscribes": subscriber.resubscribes if subscriber else None,
+            "kv_events_catch_ups": subscriber.catch_ups if subscriber else None,
         }
 
     def _gauges(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:

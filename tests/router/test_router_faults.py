@@ -32,7 +32,8 @@ class _LossySocket(zmq.asyncio.Socket):
         assert isinstance(context, LossyContext)
         while True:
             frames: list[bytes] = await super().recv_multipart(*args, **kwargs)
-            if context.drop_next and len(frames) >= 3 and decode_payload(frames[-1])[1]:
+            dropping = context.drop_next or context.drop_all
+            if dropping and len(frames) >= 3 and decode_payload(frames[-1])[1]:
                 context.drop_next = False
                 context.dropped.append(int.from_bytes(frames[-2], "big", signed=True))
                 continue
@@ -42,6 +43,7 @@ class _LossySocket(zmq.asyncio.Socket):
 class LossyContext(zmq.asyncio.Context):
     _socket_class = _LossySocket
     drop_next: bool = False
+    drop_all: bool = False  # every live batch with events, until cleared
     dropped: list[int]
 
 
@@ -129,6 +131,43 @@ async def test_sequence_gap_is_replayed_into_the_index() -> None:
                 live = sum(lag.counts)
                 assert 1 <= live <= subscriber.last_seq + 1 - 2
                 assert 0 <= lag.sum < live * 1.0  # each within a second on loopback
+        finally:
+            await subscriber.stop()
+            context.term()
+
+
+async def test_a_lost_last_batch_is_replayed_once_the_engine_is_quiet() -> None:
+    """No batch follows the lost one to show the gap: after `quiet_s` without a live batch the
+    subscriber asks the replay endpoint, and the lost blocks reach the index."""
+    engine = Engine(None, speedup=50, kv_events=True)
+    context = LossyContext()
+    context.dropped = []
+    index = PrefixIndex()
+    subscriber = KvEventSubscriber(
+        EngineBlockMap(engine.url, index, 16), str(engine.events), engine.replay, context,
+        quiet_s=1.5,
+    )  # fmt: skip
+    probe = IndexProbe(engine, index)
+    with running(engine):
+        subscriber.start()
+        try:
+            async with httpx.AsyncClient(base_url=engine.url, timeout=30) as client:
+                await complete(client, f"first: {LONG}")
+                assert await wait_for(lambda: probe.full(f"first: {LONG}"))
+                await asyncio.sleep(2.0)  # quiet: a catch-up that finds nothing is not counted
+                assert subscriber.catch_ups == 0
+                replays = subscriber.replays
+                context.drop_all = True  # every batch of the next request: no gap shows
+                lost = f"lost: {LONG}"
+                await complete(client, lost)
+                assert await wait_for(lambda: bool(context.dropped))
+                await asyncio.sleep(0.2)
+                context.drop_all = False  # the replay's own frames must pass
+                assert probe.cached(lost) == 0
+                assert await wait_for(lambda: probe.full(lost), within_s=5.0)
+                assert subscriber.catch_ups == 1
+                assert subscriber.replays == replays  # no gap was seen: the quiet spell did it
+                assert subscriber.last_seq == context.dropped[-1]
         finally:
             await subscriber.stop()
             context.term()
