@@ -70,6 +70,7 @@ def lora_pd(
             engine.start()
         for engine in (cluster.prefill, cluster.decode):
             engine.wait_healthy(2 * STARTUP_S)  # LoRA adds to a start on a busy 2-core machine
+        cluster.ensure_handshake()  # the pair's first pull is no test's (harness.PDCluster)
         yield cluster
     finally:
         cluster.stop()
