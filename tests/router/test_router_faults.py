@@ -5,8 +5,10 @@ decode stream ended by the router's idle timeout."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -79,98 +81,93 @@ async def complete(client: httpx.AsyncClient, prompt: str) -> None:
     assert (await client.post("/v1/completions", json=body)).status_code == 200
 
 
-async def test_sequence_gap_is_replayed_into_the_index() -> None:
-    engine = Engine(None, speedup=50, kv_events=True)
-    context = LossyContext()
-    context.dropped = []
-    index = PrefixIndex()
-    router_metrics = RouterMetrics()
-    subscriber = KvEventSubscriber(
-        EngineBlockMap(engine.url, index, 16),
-        str(engine.events),
-        engine.replay,
-        context,
-        router_metrics,
-    )
-    probe = IndexProbe(engine, index)
-
-    with running(engine):
-        subscriber.start()
-        try:
-            async with httpx.AsyncClient(base_url=engine.url, timeout=30) as client:
-                first, lost, after = (f"{tag}: {LONG}" for tag in ("first", "lost", "after"))
-                await complete(client, first)
-                assert await wait_for(lambda: probe.full(first))
-                assert subscriber.replays >= 1  # the replay on connect
-                lag = router_metrics.child(router_metrics.kv_event_lag, engine.url)
-                # until a batch is applied live: the SUB has joined (ZMQ's slow joiner), and the
-                # replay on connect, which may deliver the same batches first, is behind it
-                for attempt in range(20):
-                    if sum(lag.counts):
-                        break
-                    await complete(client, f"warm-up {attempt}: {LONG}")
-                    await asyncio.sleep(0.1)
-                assert sum(lag.counts)
-                await asyncio.sleep(0.3)  # let every earlier batch land before arming the loss
-                replays = subscriber.replays
-
-                context.drop_next = True
-                await complete(client, lost)
-                assert await wait_for(lambda: bool(context.dropped))
-                await asyncio.sleep(0.2)
-                assert probe.cached(lost) == 0  # its BlockStored batch never reached the index
-
-                await complete(client, after)  # the next batch reveals the gap
-                assert await wait_for(lambda: probe.full(after))
-                assert subscriber.replays == replays + 1
-                assert probe.full(lost)  # recovered from the replay socket
-                assert subscriber.last_seq is not None
-                assert subscriber.last_seq > context.dropped[0]
-                # live batches only: a replayed batch (the lost one, and the one that revealed
-                # the gap, applied by the replay) is old by nature and not counted
-                live = sum(lag.counts)
-                assert 1 <= live <= subscriber.last_seq + 1 - 2
-                assert 0 <= lag.sum < live * 1.0  # each within a second on loopback
-        finally:
-            await subscriber.stop()
-            context.term()
-
-
-async def test_a_lost_last_batch_is_replayed_once_the_engine_is_quiet() -> None:
-    """No batch follows the lost one to show the gap: after `quiet_s` without a live batch the
-    subscriber asks the replay endpoint, and the lost blocks reach the index."""
+@contextlib.asynccontextmanager
+async def lossy_subscription(
+    metrics: RouterMetrics | None = None, **options: Any
+) -> AsyncIterator[tuple[Engine, LossyContext, KvEventSubscriber, IndexProbe]]:
+    """An emulated engine publishing KV events, and a subscriber keeping an index of them over a
+    LossyContext, started; stopped after the block."""
     engine = Engine(None, speedup=50, kv_events=True)
     context = LossyContext()
     context.dropped = []
     index = PrefixIndex()
     subscriber = KvEventSubscriber(
         EngineBlockMap(engine.url, index, 16), str(engine.events), engine.replay, context,
-        quiet_s=1.5,
+        metrics, **options,
     )  # fmt: skip
-    probe = IndexProbe(engine, index)
     with running(engine):
         subscriber.start()
         try:
-            async with httpx.AsyncClient(base_url=engine.url, timeout=30) as client:
-                await complete(client, f"first: {LONG}")
-                assert await wait_for(lambda: probe.full(f"first: {LONG}"))
-                await asyncio.sleep(2.0)  # quiet: a catch-up that finds nothing is not counted
-                assert subscriber.catch_ups == 0
-                replays = subscriber.replays
-                context.drop_all = True  # every batch of the next request: no gap shows
-                lost = f"lost: {LONG}"
-                await complete(client, lost)
-                assert await wait_for(lambda: bool(context.dropped))
-                await asyncio.sleep(0.2)
-                context.drop_all = False  # the replay's own frames must pass
-                assert probe.cached(lost) == 0
-                assert await wait_for(lambda: probe.full(lost), within_s=5.0)
-                assert subscriber.catch_ups == 1
-                assert subscriber.replays == replays  # no gap was seen: the quiet spell did it
-                assert subscriber.last_seq == context.dropped[-1]
+            yield engine, context, subscriber, IndexProbe(engine, index)
         finally:
             await subscriber.stop()
             context.term()
+
+
+async def test_sequence_gap_is_replayed_into_the_index() -> None:
+    router_metrics = RouterMetrics()
+    async with (
+        lossy_subscription(router_metrics) as (engine, context, subscriber, probe),
+        httpx.AsyncClient(base_url=engine.url, timeout=30) as client,
+    ):
+        first, lost, after = (f"{tag}: {LONG}" for tag in ("first", "lost", "after"))
+        await complete(client, first)
+        assert await wait_for(lambda: probe.full(first))
+        assert subscriber.replays >= 1  # the replay on connect
+        lag = router_metrics.child(router_metrics.kv_event_lag, engine.url)
+        # until a batch is applied live: the SUB has joined (ZMQ's slow joiner), and the
+        # replay on connect, which may deliver the same batches first, is behind it
+        for attempt in range(20):
+            if sum(lag.counts):
+                break
+            await complete(client, f"warm-up {attempt}: {LONG}")
+            await asyncio.sleep(0.1)
+        assert sum(lag.counts)
+        await asyncio.sleep(0.3)  # let every earlier batch land before arming the loss
+        replays = subscriber.replays
+
+        context.drop_next = True
+        await complete(client, lost)
+        assert await wait_for(lambda: bool(context.dropped))
+        await asyncio.sleep(0.2)
+        assert probe.cached(lost) == 0  # its BlockStored batch never reached the index
+
+        await complete(client, after)  # the next batch reveals the gap
+        assert await wait_for(lambda: probe.full(after))
+        assert subscriber.replays == replays + 1
+        assert probe.full(lost)  # recovered from the replay socket
+        assert subscriber.last_seq is not None
+        assert subscriber.last_seq > context.dropped[0]
+        # live batches only: a replayed batch (the lost one, and the one that revealed
+        # the gap, applied by the replay) is old by nature and not counted
+        live = sum(lag.counts)
+        assert 1 <= live <= subscriber.last_seq + 1 - 2
+        assert 0 <= lag.sum < live * 1.0  # each within a second on loopback
+
+
+async def test_a_lost_last_batch_is_replayed_once_the_engine_is_quiet() -> None:
+    """No batch follows the lost one to show the gap: after `quiet_s` without a live batch the
+    subscriber asks the replay endpoint, and the lost blocks reach the index."""
+    async with (
+        lossy_subscription(quiet_s=1.5) as (engine, context, subscriber, probe),
+        httpx.AsyncClient(base_url=engine.url, timeout=30) as client,
+    ):
+        await complete(client, f"first: {LONG}")
+        assert await wait_for(lambda: probe.full(f"first: {LONG}"))
+        await asyncio.sleep(2.0)  # quiet: a catch-up that finds nothing is not counted
+        assert subscriber.catch_ups == 0
+        replays = subscriber.replays
+        context.drop_all = True  # every batch of the next request: no gap shows
+        lost = f"lost: {LONG}"
+        await complete(client, lost)
+        assert await wait_for(lambda: bool(context.dropped))
+        await asyncio.sleep(0.2)
+        context.drop_all = False  # the replay's own frames must pass
+        assert probe.cached(lost) == 0
+        assert await wait_for(lambda: probe.full(lost), within_s=5.0)
+        assert subscriber.catch_ups == 1
+        assert subscriber.replays == replays  # no gap was seen: the quiet spell did it
+        assert subscriber.last_seq == context.dropped[-1]
 
 
 class BlackHoleRelay:
