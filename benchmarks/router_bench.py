@@ -6,7 +6,8 @@ Prints, for each router:
   (b) requests per second per router CPU core (requests completed / router CPU seconds, the
       router's whole process tree, closed loop at concurrency 64, four fast engines);
   (c) a shared-prefix workload on four engines with a small KV cache each: TTFT p50/p90/p99,
-      output tokens/s, prefix-cache hit rate (engines' vllm:prefix_cache_hits / queries) and
+      output tokens/s, prefix-cache hit rate (the engines' prompt tokens from cache, each request
+      once: tandem.bench.stats.prompt_hit_rate) and
       max/mean requests per engine.
 Every load loop is bounded in request count and in time. The peers are installed into
 ~/.cache/tandem/peers (outside the repository) when missing.
@@ -44,11 +45,14 @@ from pathlib import Path
 import aiohttp
 import nginx_wrk
 
+from tandem.bench.sampler import flatten
+from tandem.bench.stats import PROMPT_TOKENS_BY_SOURCE
 from tandem.common.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 PEERS = Path.home() / ".cache" / "tandem" / "peers"
 PEER_PACKAGES = ["vllm-router==0.1.17", "sglang-router==0.3.2"]
+ENGINE_BLOCK_TOKENS = 16  # the emulated engines' KV block size
 MODEL = "tiny"
 
 
@@ -155,7 +159,7 @@ def start_engine(
         "--port",
         str(port),
         "--block-size",
-        "16",
+        str(ENGINE_BLOCK_TOKENS),
         "--max-model-len",
         "16384",
         "--enable-prefix-caching",
@@ -399,31 +403,28 @@ def shared_prefix_bodies(
 def cache_delta(
     before: list[dict[str, float]], after: list[dict[str, float]]
 ) -> tuple[float, float, list[float]]:
-    """Between two `engine_counters` readings: prefix-cache hits and queries over the pool, and
-    the requests each engine served."""
-    delta = [{k: a[k] - b[k] for k in a} for a, b in zip(after, before, strict=True)]
-    hits = sum(d["vllm:prefix_cache_hits_total"] for d in delta)
-    queries = sum(d["vllm:prefix_cache_queries_total"] for d in delta)
-    return hits, queries, [d["vllm:request_success_total"] for d in delta]
+    """Between two `engine_counters` readings: the prompt tokens the pool's engines took from
+    their prefix caches and those they computed or took from it (each request once: their
+    ratio is `tandem.bench.stats.prompt_hit_rate`), and the requests each engine served."""
+    delta = [{k: a[k] - b.get(k, 0.0) for k in a} for a, b in zip(after, before, strict=True)]
+    hit = f"{PROMPT_TOKENS_BY_SOURCE}{{source=local_cache_hit}}"
+    computed = f"{PROMPT_TOKENS_BY_SOURCE}{{source=local_compute}}"
+    if all(hit in d and computed in d for d in delta):
+        hits = sum(d[hit] for d in delta)
+        queries = hits + sum(d[computed] for d in delta)
+    else:  # engines without the per-source counters: vLLM's lookup counters
+        hits = sum(d.get("vllm:prefix_cache_hits_total", 0.0) for d in delta)
+        queries = sum(d.get("vllm:prefix_cache_queries_total", 0.0) for d in delta)
+    return hits, queries, [d.get("vllm:request_success_total", 0.0) for d in delta]
 
 
 async def engine_counters(engines: list[Proc]) -> list[dict[str, float]]:
-    names = (
-        "vllm:prefix_cache_hits_total",
-        "vllm:prefix_cache_queries_total",
-        "vllm:request_success_total",
-    )
+    """Each engine's vLLM counters (`tandem.bench.sampler.flatten`)."""
     out = []
     async with aiohttp.ClientSession() as session:
         for engine in engines:
             async with session.get(engine.url + "/metrics") as r:
-                text = await r.text()
-            values = dict.fromkeys(names, 0.0)
-            for line in text.splitlines():
-                for name in names:
-                    if line.startswith(name):
-                        values[name] += float(line.rsplit(" ", 1)[1])
-            out.append(values)
+                out.append(flatten(await r.text()))
     return out
 
 

@@ -7,7 +7,7 @@ counts in rotated order, so slow phases of a shared machine fall on every count)
   (i)  a shared-prefix workload (groups of long shared prefixes, streaming, concurrency 16) and
   (ii) a session workload (multi-turn conversations with x-session-id, each turn's prompt extends
        the previous one, several sessions at once):
-       the engines' own prefix-cache hit rate (vllm:prefix_cache_hits / queries, caches reset
+       the engines' own prefix-cache hit rate (tandem.bench.stats.prompt_hit_rate, caches reset
        before every run), stickiness (sessions, or prefixes, whose requests all landed on one
        engine, from x-tandem-decode-engine) and distinct engines per session or prefix (how far
        replicas agree on placement, whatever the machine's timing does to the hit rate),

@@ -27,8 +27,11 @@ arrivals follow, and every figure is converted back to emulated-H200 time. The r
              (`--envoy`) with the ext_proc filter, as llm-d's standalone chart wires them
 
 Per router and load: TTFT p50/p90/p99, TPOT p50/p99, goodput (fraction of requests meeting each
-SLO pair of `--slos`), the engines' prefix-cache hit rate (vllm:prefix_cache_hits / queries over
-the run), max/mean requests per engine, failures; then Tandem's ratios to the best peer. Every run
+SLO pair of `--slos`), the engines' prefix-cache hit rate (the prompt tokens they took from
+cache, each request once: `tandem.bench.stats.prompt_hit_rate`; vLLM's lookup ratio
+prefix_cache_hits / queries, which counts a request again at every step it waits at the queue's
+head, is in the JSON as `lookup_hit_rate`), the engines' preemptions, max/mean requests per
+engine, failures; then Tandem's ratios to the best peer. Every run
 is bounded by the trace window (`--requests`) and in time (`--run-seconds`). The peers are
 installed into ~/.cache/tandem/peers when missing (router_bench.py); the EPP and Envoy are given
 by path (docs/bench.md says how they were obtained).
@@ -57,6 +60,7 @@ import aiohttp
 import router_bench
 from prometheus_client.parser import text_string_to_metric_families
 from router_bench import (
+    ENGINE_BLOCK_TOKENS,
     MODEL,
     PEERS,
     Proc,
@@ -74,6 +78,7 @@ from tandem.bench.records import BenchRecord
 from tandem.bench.runner import RunOptions, Target, run_target
 from tandem.bench.spec import SLO, Trace
 from tandem.bench.stats import meets_slo
+from tandem.bench.trace_plan import prefix_bound, trace_requests
 from tandem.common.ports import free_port
 from tandem.common.routing import PredictiveConfig
 
@@ -316,7 +321,27 @@ async def run_router(
             own["term_mape"] = term_errors(lines)
     finally:
         router.stop()
-    return row_of(record, slos, cache_delta(before, after), cpu, args.speedup) | own
+    preempted = sum(
+        a.get("vllm:num_preemptions_total", 0.0) - b.get("vllm:num_preemptions_total", 0.0)
+        for a, b in zip(after, before, strict=True)
+    )
+    lookups = [
+        sum(a.get(name, 0.0) - b.get(name, 0.0) for a, b in zip(after, before, strict=True))
+        for name in ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total")
+    ]
+    row = row_of(record, slos, cache_delta(before, after), cpu, args.speedup)
+    # vLLM's own lookup ratio, kept beside the hit rate for records taken before it
+    lookup_hit_rate = lookups[0] / lookups[1] if lookups[1] else None
+    return row | {"preemptions": preempted, "lookup_hit_rate": lookup_hit_rate} | own
+
+
+def pool_cache_bound(workload: Trace, args: argparse.Namespace) -> float | None:
+    """The token hit rate of one LRU cache as large as the whole pool's KV, every request
+    routed to its prefix (`prefix_bound` with a capacity): the reference for the engines' hit
+    rate on a trace whose prompts outgrow the caches, where the unbounded figure is out of
+    reach for any router."""
+    capacity = args.engines * args.blocks * ENGINE_BLOCK_TOKENS // args.block_tokens
+    return prefix_bound(trace_requests(workload), args.block_tokens, capacity).token_fraction
 
 
 async def metrics_text(url: str) -> str:
@@ -324,10 +349,15 @@ async def metrics_text(url: str) -> str:
         return await response.text()
 
 
+_INDEX_BLOCKS = ("tandem_router_prefix_query_blocks_total", "tandem_router_prefix_hit_blocks_total")
+
+
 def tandem_figures(text: str) -> dict[str, Any]:
-    """What Tandem's router says of the run in its /metrics `text`: its P/D decisions, and under
-    the predictive policy the mean |observed - predicted| / observed of each predicted quantity
-    (`tandem_router_prediction_error_ratio`'s _sum / _count: the MAPE)."""
+    """What Tandem's router says of the run in its /metrics `text`: its P/D decisions, the share
+    of prompt blocks its index held on the engine it chose (at placement: what the router
+    expected to hit), and under the predictive policy the mean |observed - predicted| / observed
+    of each predicted quantity (`tandem_router_prediction_error_ratio`'s _sum / _count: the
+    MAPE)."""
     totals: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for family in text_string_to_metric_families(text):
         for sample in family.samples:  # summed over the other labels (router processes)
@@ -335,11 +365,18 @@ def tandem_figures(text: str) -> dict[str, Any]:
                 totals[sample.name][sample.labels["quantity"]] += sample.value
             elif sample.name == "tandem_router_decisions_total":
                 totals[sample.name][sample.labels["decision"]] += sample.value
+            elif sample.name in _INDEX_BLOCKS:
+                totals[sample.name][sample.labels["index"]] += sample.value
     sums = totals["tandem_router_prediction_error_ratio_sum"]
     counts = totals["tandem_router_prediction_error_ratio_count"]
     decisions = dict(totals["tandem_router_decisions_total"])
     mape = {q: sums[q] / counts[q] for q in sums if counts[q]}
-    return {"decisions": decisions, "prediction_mape": mape}
+    queried = sum(totals["tandem_router_prefix_query_blocks_total"].values())
+    hit = sum(totals["tandem_router_prefix_hit_blocks_total"].values())
+    figures: dict[str, Any] = {"decisions": decisions, "prediction_mape": mape}
+    if queried:
+        figures["router_hit_rate"] = hit / queried
+    return figures
 
 
 def explained(log: str) -> list[dict[str, Any]]:
@@ -385,14 +422,16 @@ def print_table(title: str, rows: dict[str, dict[str, Any]], slos: list[SLO]) ->
     goodput_heads = "".join(f" {'good ' + slo_name(s):>15}" for s in slos)
     print(
         f"    {'router':<10} {'TTFT p50':>8} {'p90':>6} {'p99':>6} {'TPOT p50':>8} {'p99':>6}"
-        f"{goodput_heads} {'hit rate':>8} {'max/mean':>8} {'failed':>6} {'req':>5}"
+        f"{goodput_heads} {'hit rate':>8} {'preempt':>7} {'max/mean':>8} {'failed':>6}"
+        f" {'req':>5}"
     )
     for name, row in rows.items():
         goodput = "".join(f" {row['goodput'][slo_name(s)]:15.3f}" for s in slos)
         print(
             f"    {name:<10} {ms(row['ttft_p50']):>8} {ms(row['ttft_p90']):>6} "
             f"{ms(row['ttft_p99']):>6} {row['tpot_p50'] or 0:8.1f} {row['tpot_p99'] or 0:6.1f}"
-            f"{goodput} {row['hit_rate']:8.1%} {row['max_mean_load']:8.2f} {row['failed']:6d} "
+            f"{goodput} {row['hit_rate']:8.1%} {row['preemptions']:7.0f} "
+            f"{row['max_mean_load']:8.2f} {row['failed']:6d} "
             f"{row['requests']:5d}"
         )
 
@@ -427,7 +466,9 @@ def print_tandem_figures(rows: dict[str, dict[str, Any]]) -> None:
             continue
         decided = ", ".join(f"{k} {v:.0f}" for k, v in sorted(row["decisions"].items()))
         mape = ", ".join(f"{k} {v:.1%}" for k, v in sorted(row["prediction_mape"].items()))
-        print(f"    {name}: decisions {decided or '-'}" + (f"; MAPE {mape}" if mape else ""))
+        expected = row.get("router_hit_rate")
+        hit = f"; index hit rate {expected:.1%}" if expected is not None else ""
+        print(f"    {name}: decisions {decided or '-'}{hit}" + (f"; MAPE {mape}" if mape else ""))
         if row.get("term_mape"):
             terms = ", ".join(f"{k} {v:.1%}" for k, v in sorted(row["term_mape"].items()))
             print(f"      MAPE by term: {terms}")
@@ -462,6 +503,7 @@ async def main_async(args: argparse.Namespace) -> int:
     load_before = os.getloadavg()
     pool = start_pool(args.engines, args.profile, args.blocks, args.speedup, args.max_model_len)
     tables: dict[str, dict[str, dict[str, Any]]] = {}
+    pool_bounds: dict[str, float | None] = {}
     try:
         await asyncio.gather(*(e.wait_ready("/health") for e in pool.engines))
         for load in loads:
@@ -476,6 +518,7 @@ async def main_async(args: argparse.Namespace) -> int:
                 max_duration_s=args.run_seconds,
             )
             rows: dict[str, dict[str, Any]] = {}
+            pool_bounds[f"x{load:g}"] = pool_cache_bound(workload, args)
             for kind in kinds:
                 rows[kind] = await run_router(kind, pool, workload, slos, args)
                 print(f"  {kind} at x{load:g}: {json.dumps(rows[kind])[:300]}", flush=True)
@@ -506,6 +549,8 @@ async def main_async(args: argparse.Namespace) -> int:
             if first["bound_hit_rate"] is not None
             else ""
         )
+        if pool_bounds.get(load) is not None:
+            bound += f", one pool-sized LRU cache {pool_bounds[load]:.1%}"
         print_table(f"{title}, arrivals {load} ({offered}{bound}); latencies in ms", rows, slos)
         print_tandem_figures(rows)
         found[load] = ratios(rows, slos)
@@ -531,6 +576,7 @@ async def main_async(args: argparse.Namespace) -> int:
             "pace_seeds": args.pace_seeds,
             "vllm_policy": router_bench.VLLM_POLICY,
             "tables": tables,
+            "pool_cache_hit_rate": pool_bounds,
             "ratios_to_best_peer": found,
             "load_average": load_text,
             "cpus": len(os.sched_getaffinity(0)),

@@ -62,7 +62,7 @@ class EngineTotals(_Record):
     prefill_ms_per_request: float | None = None
     decode_ms_per_request: float | None = None
     kv_transfer_ms_per_request: float | None = None  # vllm:nixl_xfer_time
-    prefix_hit_rate: float | None = None  # vllm:prefix_cache_hits / vllm:prefix_cache_queries
+    prefix_hit_rate: float | None = None  # the prompt tokens from cache (stats.prompt_hit_rate)
     preemptions: float | None = None
     max_waiting: float | None = None
     max_kv_usage: float | None = None

@@ -9,18 +9,22 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from tandem.bench.resources import LocalProbe, dcgm_key, query_prometheus
+from tandem.bench.stats import PROMPT_TOKENS_BY_SOURCE
 
 # Families worth keeping: vLLM's (the engines, real or emulated), Tandem's own (the router) and
 # dcgm-exporter's GPU gauges (kept per GPU as `NAME{gpu=GPU}`).
 KEPT_PREFIXES = ("vllm:", "tandem_", "DCGM_")
 # Histograms whose buckets are kept (as `name{le=BOUND}` keys), for engine-side percentiles.
 KEPT_BUCKETS = ("vllm:inter_token_latency_seconds_bucket",)
+# Counters kept per value of one label (as `name{label=VALUE}` keys).
+KEPT_BY_LABEL = {PROMPT_TOKENS_BY_SOURCE: "source"}
 BASELINE_IDLE_S = 1.0
 
 
 def flatten(text: str) -> dict[str, float]:
     """{sample name: value summed over label sets} for kept families; histogram buckets are left
-    out except those of KEPT_BUCKETS, kept as `name{le=BOUND}`.
+    out except those of KEPT_BUCKETS, kept as `name{le=BOUND}`, and the families of
+    KEPT_BY_LABEL are summed per value of their label, as `name{label=VALUE}`.
 
     A line scan of the Prometheus text format rather than a full parser: the sampler runs on the
     client's event loop during the run, and a full parse of an engine's page (~550 lines) costs
@@ -49,6 +53,11 @@ def flatten(text: str) -> dict[str, float]:
             start = line.find('le="', brace) + 4
             bound = line[start : line.index('"', start)]
             name = f"{name}{{le={bound}}}"
+        elif name in KEPT_BY_LABEL:
+            label = KEPT_BY_LABEL[name]
+            start = line.find(f'{label}="', brace) + len(label) + 2
+            end = line.index('"', start)
+            name = f"{name}{{{label}={line[start:end]}}}"
         try:
             value = float(rest[0])
         except ValueError:

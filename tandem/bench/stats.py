@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -78,6 +78,30 @@ def group_by(requests: Sequence[RequestRecord], key: str, slo: SLO) -> dict[str,
     return {name: summarize(members, slo) for name, members in groups.items()}
 
 
+PROMPT_TOKENS_BY_SOURCE = "vllm:prompt_tokens_by_source_total"
+
+
+def prompt_hit_rate(delta: Callable[[str], float | None]) -> float | None:
+    """The share of the prompt tokens computed on the engines that came from their prefix
+    caches, from the increases `delta(name)` of their counters over a run:
+
+        hit rate = Σ local_cache_hit / Σ (local_cache_hit + local_compute)
+
+    (`vllm:prompt_tokens_by_source`, counted once per request at its first scheduling; tokens
+    pulled from a P/D prefill engine count on neither side). vLLM's `prefix_cache_hits /
+    prefix_cache_queries` counts a lookup each time its scheduler tries the request at the head
+    of the waiting queue, again after every step it could not be admitted (KV full): that
+    weights the requests that waited, and so the engines a router fills up. It is the figure
+    of last resort, for engines without the per-source counters."""
+    hit = delta(f"{PROMPT_TOKENS_BY_SOURCE}{{source=local_cache_hit}}")
+    computed = delta(f"{PROMPT_TOKENS_BY_SOURCE}{{source=local_compute}}")
+    if hit is not None and computed is not None:
+        return hit / (hit + computed) if hit + computed > 0 else None
+    hits = delta("vllm:prefix_cache_hits_total")
+    queries = delta("vllm:prefix_cache_queries_total")
+    return hits / queries if hits is not None and queries else None
+
+
 def _delta(
     first: dict[str, dict[str, float]], last: dict[str, dict[str, float]], name: str
 ) -> float | None:
@@ -115,8 +139,6 @@ def engine_totals(
     router_ms = {
         stage: per_request(f"tandem_router_{stage}_seconds_sum") for stage in router_stages
     }
-    hits = _delta(first, last, "vllm:prefix_cache_hits_total")
-    queries = _delta(first, last, "vllm:prefix_cache_queries_total")
     waiting = [
         s.values["vllm:num_requests_waiting"]
         for s in samples
@@ -136,7 +158,7 @@ def engine_totals(
         prefill_ms_per_request=per_request("vllm:request_prefill_time_seconds_sum"),
         decode_ms_per_request=per_request("vllm:request_decode_time_seconds_sum"),
         kv_transfer_ms_per_request=per_request("vllm:nixl_xfer_time_seconds_sum"),
-        prefix_hit_rate=(hits / queries) if hits is not None and queries else None,
+        prefix_hit_rate=prompt_hit_rate(lambda name: _delta(first, last, name)),
         preemptions=_delta(first, last, "vllm:num_preemptions_total"),
         max_waiting=max(waiting) if waiting else None,
         max_kv_usage=max(kv) if kv else None,

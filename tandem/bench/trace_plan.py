@@ -4,6 +4,7 @@ caps), and the prefix reuse those requests allow at most."""
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,33 +107,45 @@ class PrefixBound:
         return self.hit_tokens / self.tokens if self.tokens else None
 
 
-def prefix_bound(requests: Sequence[TimedRequest], block_tokens: int) -> PrefixBound:
-    """The prefix reuse an unbounded cache allows, requests taken in send order.
+def prefix_bound(
+    requests: Sequence[TimedRequest], block_tokens: int, capacity_blocks: int | None = None
+) -> PrefixBound:
+    """The prefix reuse one cache allows, requests taken in send order: unbounded, or of
+    `capacity_blocks` blocks evicted least recently used first.
 
-    Block j of a request hits when its chain (block_ids[0..j]) was in an earlier request:
+    Block j of a request hits when its chain (block_ids[0..j]) was in an earlier request and is
+    still cached, and every block before it hit (a prefix cache stops at its first miss):
     block_fraction = hit blocks / blocks. In tokens, a hit block counts
     min(its length, the longest length that chain had before) — a partial last block matches
     only as far as an earlier copy of it went: token_fraction = hit tokens / prompt tokens.
-    Engines hit less than this even with room to spare: they cache whole blocks of their own
-    size only, and never a prompt's last token.
+    With a capacity, every block of a request is cached (used) as it arrives, then the least
+    recently used chains beyond the capacity are dropped: the hit rate of one cache the size
+    of a whole pool's KV with every request routed to its prefix, a reference for what a pool
+    of engines can hit, though not a strict bound (it ignores the KV the running requests hold,
+    and engines cache blocks of their own size). Engines hit less than the unbounded figure
+    even with room to spare: they cache whole blocks of their own size only, and never a
+    prompt's last token.
     """
     # Each chain is a node named by (its parent's node, its last id): exact, and one entry per
-    # distinct chain. longest[node] is the longest its last block has been.
+    # distinct chain. cached[node] is the longest its last block has been, in use order.
     nodes: dict[tuple[int, int], int] = {}
-    longest: list[int] = []
+    cached: OrderedDict[int, int] = OrderedDict()
     blocks = hit_blocks = tokens = hit_tokens = 0
     for request in sorted(requests, key=lambda r: r.at_s):
         node = -1
+        missed = False
         for j, block_id in enumerate(request.block_ids):
             length = min(block_tokens, request.input_tokens - j * block_tokens)
             node = nodes.setdefault((node, block_id), len(nodes))
-            if node == len(longest):
-                longest.append(0)
-            before = longest[node]
+            before = cached.pop(node, 0)
             blocks += 1
             tokens += length
-            if before:
+            if before and not missed:
                 hit_blocks += 1
                 hit_tokens += min(length, before)
-            longest[node] = max(before, length)
+            else:
+                missed = True
+            cached[node] = max(before, length)
+        while capacity_blocks is not None and len(cached) > capacity_blocks:
+            cached.popitem(last=False)
     return PrefixBound(blocks, hit_blocks, tokens, hit_tokens)

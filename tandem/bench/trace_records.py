@@ -53,7 +53,7 @@ class TraceReport(_Record):
     # An unbounded cache's hit rate on the replay's prompts (tandem.bench.trace_plan.prefix_bound).
     bound_block_hit_rate: float | None = None
     bound_token_hit_rate: float | None = None
-    engine_hit_rate: float | None = None  # vllm:prefix_cache_hits / queries over the run
+    engine_hit_rate: float | None = None  # stats.prompt_hit_rate over the run
     engine_share_of_bound: float | None = None  # engine_hit_rate / bound_token_hit_rate
     bucket_s: float
     buckets: list[TraceBucket] = Field(default_factory=list)

@@ -19,7 +19,7 @@ from tandem.emulator.profile import load_profile
 from tandem.operator.api import AutoscalingSpec
 from tandem.operator.autoscaling.planner import PlannerMemory, plan
 from tandem.operator.autoscaling.planner_loop import planner_policy
-from tandem.operator.autoscaling.planner_queries import read_planner_signals
+from tandem.operator.autoscaling.planner_queries import per_prompt_hit_rate, read_planner_signals
 from tandem.operator.autoscaling.planner_signals import PlannerSignals
 from tandem.operator.autoscaling.prometheus import PrometheusClient
 from tandem.operator.autoscaling.queries import PoolSelector
@@ -105,6 +105,10 @@ async def test_planner_inputs_from_real_metrics_grow_prefill(
     assert signals.output_tokens_per_request == pytest.approx(MAX_TOKENS)
     assert signals.prefix_hit_rate is not None
     assert signals.prefix_hit_rate < 0.5  # prompts differ
+    async with PrometheusClient(prometheus.url) as client:  # read per prompt, not per lookup
+        per_prompt = await client.value(per_prompt_hit_rate(selectors[0], "60s"))
+    assert per_prompt is not None
+    assert per_prompt < 0.5
     assert signals.prefill.latency_s is not None
     assert signals.prefill.latency_s > 0
     assert signals.decode.latency_s is not None

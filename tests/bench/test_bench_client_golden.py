@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tandem_process import GOLDEN
 
 from tandem.bench.client import RequestResult, send
-from tandem.bench.sampler import KEPT_BUCKETS, flatten
+from tandem.bench.sampler import KEPT_BUCKETS, KEPT_BY_LABEL, flatten
 
 STREAMS = {
     "/v1/completions": GOLDEN / "single" / "07_completions_stream.sse",
@@ -72,8 +72,12 @@ def test_line_scan_of_metrics_matches_the_prometheus_parser(name: str) -> None:
                 name = sample.name
                 if name in KEPT_BUCKETS:
                     name = f"{name}{{le={sample.labels['le']}}}"
+                elif name in KEPT_BY_LABEL:
+                    label = KEPT_BY_LABEL[name]
+                    name = f"{name}{{{label}={sample.labels[label]}}}"
                 elif name.endswith(("_bucket", "_created")):
                     continue
                 expected[name] = expected.get(name, 0.0) + sample.value
     assert flatten(text) == expected
     assert "vllm:num_requests_running" in expected
+    assert "vllm:prompt_tokens_by_source_total{source=local_compute}" in expected

@@ -6,16 +6,20 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from tandem_process import GOLDEN
 
 from tandem.bench.baseline import compare, find_baseline
 from tandem.bench.records import BenchRecord, EngineTotals, RequestRecord
+from tandem.bench.sampler import flatten
 from tandem.bench.spec import SLO, FixedQPS
 from tandem.bench.stats import (
+    PROMPT_TOKENS_BY_SOURCE,
     bucket_deltas,
     burst_recovery,
     engine_totals,
     histogram_quantile,
     percentiles,
+    prompt_hit_rate,
     queue_share,
     summarize,
 )
@@ -104,6 +108,49 @@ def test_engine_totals_from_counter_deltas() -> None:
     assert queue_share(summarize([request(0, 300, 1000)], SLO()), totals) == pytest.approx(0.6)
     assert totals.prefix_hit_rate == pytest.approx(0.75)
     assert totals.prefill_ms_per_request is None
+
+
+def test_the_hit_rate_counts_each_prompt_once_where_vllm_counts_each_lookup() -> None:
+    """Real vLLM 0.32's counters at the end of the P/D transcript: the decode engine looked up
+    each prompt it pulled twice (on arrival, and again once the KV was in), so its
+    prefix_cache_queries says 186 tokens for its 93 prompt tokens; the per-source counters
+    count each prompt once (computed on the prefill engine, pulled by the decode engine, none
+    from a prefix cache)."""
+    final = GOLDEN / "pd" / "main"
+    last = {
+        "prefill": flatten((final / "98_prefill_metrics_final.txt").read_text()),
+        "decode": flatten((final / "99_decode_metrics_final.txt").read_text()),
+    }
+    assert last["decode"]["vllm:prefix_cache_queries_total"] == 2 * 93
+    assert last["decode"]["vllm:prompt_tokens_total"] == 93
+
+    def since_start(name: str) -> float | None:
+        found = [values[name] for values in last.values() if name in values]
+        return sum(found) if found else None
+
+    assert since_start(f"{PROMPT_TOKENS_BY_SOURCE}{{source=local_compute}}") == 186
+    assert prompt_hit_rate(since_start) == 0.0
+
+
+def test_the_hit_rate_prefers_the_per_source_counters() -> None:
+    first: dict[str, dict[str, float]] = {"e": {}}
+    last = {
+        "e": {
+            "vllm:prefix_cache_hits_total": 300.0,  # a request of 100 cached tokens, looked
+            "vllm:prefix_cache_queries_total": 400.0,  # up 3 times while KV was full, and 1
+            f"{PROMPT_TOKENS_BY_SOURCE}{{source=local_cache_hit}}": 100.0,  # of 100 uncached
+            f"{PROMPT_TOKENS_BY_SOURCE}{{source=local_compute}}": 100.0,
+            f"{PROMPT_TOKENS_BY_SOURCE}{{source=external_kv_transfer}}": 500.0,
+        }
+    }
+    assert engine_totals(first, last, [], client_requests=2).prefix_hit_rate == 0.5
+    idle = {
+        "e": {
+            f"{PROMPT_TOKENS_BY_SOURCE}{{source={s}}}": 0.0
+            for s in ("local_cache_hit", "local_compute")
+        }
+    }
+    assert engine_totals(first, idle, [], client_requests=0).prefix_hit_rate is None
 
 
 def test_histogram_quantile_interpolates_inside_buckets() -> None:

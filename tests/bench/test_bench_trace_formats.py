@@ -157,6 +157,27 @@ def test_prefix_bound_counts_chains_not_ids() -> None:
     assert prefix_bound([], 10).block_fraction is None
 
 
+def test_a_bounded_cache_forgets_the_least_recently_used_chains() -> None:
+    requests = [
+        TimedRequest(0, 0.0, 20, 1, (1, 2)),
+        TimedRequest(1, 1.0, 20, 1, (5, 6)),
+        TimedRequest(2, 2.0, 20, 1, (1, 7)),  # (1) used again: the chain (1, 2) is older
+        TimedRequest(3, 3.0, 20, 1, (5, 6)),
+        TimedRequest(4, 4.0, 30, 1, (1, 2, 8)),
+    ]
+    assert prefix_bound(requests, 10).hit_blocks == 5  # 1; 5, 6; 1, 2
+    # 4 chains: request 2 hits (1), and its (1, 7) evicts the oldest, (1, 2); request 3 hits
+    # (5), (5, 6); request 4 hits (1) and misses (1, 2), and so (1, 2, 8)
+    assert prefix_bound(requests, 10, capacity_blocks=4).hit_blocks == 4
+    # 3 chains: each request's own blocks push out what the next one would reuse
+    assert prefix_bound(requests, 10, capacity_blocks=3).hit_blocks == 0
+    # a chain still cached after its parent was evicted is no hit: the lookup stopped before it
+    orphan = [TimedRequest(0, 0.0, 20, 1, (1, 2)), TimedRequest(1, 1.0, 10, 1, (3,))]
+    orphan.append(TimedRequest(2, 2.0, 20, 1, (1, 2)))
+    assert prefix_bound(orphan, 10, capacity_blocks=2).hit_blocks == 0
+    assert prefix_bound(orphan, 10).hit_blocks == 2
+
+
 def test_the_bound_of_a_mooncake_file_is_its_repeated_block_share(tmp_path: Path) -> None:
     path = tmp_path / "mooncake.jsonl"
     path.write_text(MOONCAKE)

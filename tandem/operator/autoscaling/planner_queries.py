@@ -17,6 +17,7 @@ MEAN_LATENCY: dict[Role, str] = {
     "decode": "vllm:inter_token_latency_seconds",
 }
 QUEUE_TIME = "vllm:request_queue_time_seconds"
+PROMPT_TOKENS_BY_SOURCE = "vllm:prompt_tokens_by_source_total"
 
 
 def _rate(metric: str, selector: PoolSelector, window: str) -> str:
@@ -27,12 +28,35 @@ def _ratio(numerator: str, denominator: str, selector: PoolSelector, window: str
     return f"{_rate(numerator, selector, window)} / {_rate(denominator, selector, window)}"
 
 
+def per_prompt_hit_rate(selector: PoolSelector, window: str) -> str:
+    """The share of the pool's prompt tokens taken from its prefix caches, each prompt counted
+    once: `vllm:prompt_tokens_by_source` local_cache_hit over local_cache_hit + local_compute."""
+    by_source = series(PROMPT_TOKENS_BY_SOURCE, selector)[:-1].rstrip(",")
+
+    def tokens(sources: str) -> str:
+        return f'sum(rate({by_source},source=~"{sources}"}}[{window}]))'
+
+    return f"{tokens('local_cache_hit')} / {tokens('local_cache_hit|local_compute')}"
+
+
+def _prefix_hit_rate(selector: PoolSelector, window: str) -> str:
+    """`per_prompt_hit_rate`, or for engines without its counters vLLM's lookup ratio
+    prefix_cache_hits / queries (which counts a waiting request again at every step it is not
+    admitted, and so reads high when the pool is full)."""
+    lookups = _ratio(
+        "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total", selector, window
+    )
+    return f"({per_prompt_hit_rate(selector, window)}) or ({lookups})"
+
+
 def planner_queries(prefill: PoolSelector, decode: PoolSelector, window_s: float) -> dict[str, str]:
     """One PromQL expression per planner input; `sel` is a pool's selector, w the window:
 
     - prompt_tokens_per_s:       sum(rate(vllm:prompt_tokens_total{prefill}[w]))
     - prompt_tokens_per_request: rate of vllm:request_prompt_tokens_sum / _count {prefill}
-    - prefix_hit_rate:           rate of vllm:prefix_cache_hits_total / queries_total {prefill}
+    - prefix_hit_rate:           rate of vllm:prompt_tokens_by_source_total {prefill}, source
+                                 local_cache_hit over local_cache_hit + local_compute (each
+                                 prompt once; `per_prompt_hit_rate`)
     - output_tokens_per_s:       sum(rate(vllm:generation_tokens_total{decode}[w]))
     - output_tokens_per_request: rate of vllm:request_generation_tokens_sum / _count {decode}
     - <pool>_engines, _waiting, _running: count / sum of vllm:num_requests_running / waiting
@@ -46,9 +70,7 @@ def planner_queries(prefill: PoolSelector, decode: PoolSelector, window_s: float
         "prompt_tokens_per_request": _ratio(
             "vllm:request_prompt_tokens_sum", "vllm:request_prompt_tokens_count", prefill, w
         ),
-        "prefix_hit_rate": _ratio(
-            "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total", prefill, w
-        ),
+        "prefix_hit_rate": _prefix_hit_rate(prefill, w),
         "output_tokens_per_s": _rate("vllm:generation_tokens_total", decode, w),
         "output_tokens_per_request": _ratio(
             "vllm:request_generation_tokens_sum", "vllm:request_generation_tokens_count", decode, w
