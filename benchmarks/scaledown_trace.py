@@ -25,7 +25,7 @@ path) in two phases:
 
 Reported per setup: every engine's removal cost at the removal and the victim's share of their
 sum (the cache lost); the requests each engine served in the last window before the removal; for the after phase the engines' prefix-cache hit rate
-(vllm:prefix_cache_hits / queries), TTFT p50/p99 (emulated-H200 ms: wall ms x --speedup), TPOT
+(tandem.bench.stats.prompt_hit_rate, each prompt once), TTFT p50/p99 (emulated-H200 ms: wall ms x --speedup), TPOT
 p50, failures; and the ratios cache-aware / default. The two setups see the same arrivals but
 route on their own (load-aware scoring reacts to timing), so their caches already differ before the removal;
 compare the lost shares as well as the hit rates.
