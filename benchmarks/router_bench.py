@@ -46,13 +46,14 @@ import aiohttp
 import nginx_wrk
 
 from tandem.bench.sampler import flatten
-from tandem.bench.stats import PROMPT_TOKENS_BY_SOURCE
+from tandem.bench.stats import prompt_cache_tokens
 from tandem.common.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 PEERS = Path.home() / ".cache" / "tandem" / "peers"
 PEER_PACKAGES = ["vllm-router==0.1.17", "sglang-router==0.3.2"]
 ENGINE_BLOCK_TOKENS = 16  # the emulated engines' KV block size
+SUCCESS = "vllm:request_success_total"
 MODEL = "tiny"
 
 
@@ -400,22 +401,26 @@ def shared_prefix_bodies(
     return bodies
 
 
+def pool_delta(before: list[dict[str, float]], after: list[dict[str, float]]) -> dict[str, float]:
+    """Between two `engine_counters` readings: each counter's increase summed over the engines
+    that export it."""
+    totals: dict[str, float] = {}
+    for a, b in zip(after, before, strict=True):
+        for name, value in a.items():
+            totals[name] = totals.get(name, 0.0) + value - b.get(name, 0.0)
+    return totals
+
+
 def cache_delta(
     before: list[dict[str, float]], after: list[dict[str, float]]
 ) -> tuple[float, float, list[float]]:
     """Between two `engine_counters` readings: the prompt tokens the pool's engines took from
-    their prefix caches and those they computed or took from it (each request once: their
-    ratio is `tandem.bench.stats.prompt_hit_rate`), and the requests each engine served."""
-    delta = [{k: a[k] - b.get(k, 0.0) for k in a} for a, b in zip(after, before, strict=True)]
-    hit = f"{PROMPT_TOKENS_BY_SOURCE}{{source=local_cache_hit}}"
-    computed = f"{PROMPT_TOKENS_BY_SOURCE}{{source=local_compute}}"
-    if all(hit in d and computed in d for d in delta):
-        hits = sum(d[hit] for d in delta)
-        queries = hits + sum(d[computed] for d in delta)
-    else:  # engines without the per-source counters: vLLM's lookup counters
-        hits = sum(d.get("vllm:prefix_cache_hits_total", 0.0) for d in delta)
-        queries = sum(d.get("vllm:prefix_cache_queries_total", 0.0) for d in delta)
-    return hits, queries, [d.get("vllm:request_success_total", 0.0) for d in delta]
+    their prefix caches and those they computed or took from them (each request once,
+    `tandem.bench.stats.prompt_cache_tokens`), and the requests each engine served."""
+    totals = pool_delta(before, after)
+    hits, queries = prompt_cache_tokens(totals.get) or (0.0, 0.0)
+    served = [a.get(SUCCESS, 0.0) - b.get(SUCCESS, 0.0) for a, b in zip(after, before, strict=True)]
+    return hits, queries, served
 
 
 async def engine_counters(engines: list[Proc]) -> list[dict[str, float]]:

@@ -68,6 +68,7 @@ from router_bench import (
     emulated_pool_flags,
     engine_counters,
     ensure_peers,
+    pool_delta,
     reset_caches,
     router_argv,
     start_engine,
@@ -321,18 +322,16 @@ async def run_router(
             own["term_mape"] = term_errors(lines)
     finally:
         router.stop()
-    preempted = sum(
-        a.get("vllm:num_preemptions_total", 0.0) - b.get("vllm:num_preemptions_total", 0.0)
-        for a, b in zip(after, before, strict=True)
-    )
-    lookups = [
-        sum(a.get(name, 0.0) - b.get(name, 0.0) for a, b in zip(after, before, strict=True))
-        for name in ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total")
-    ]
-    row = row_of(record, slos, cache_delta(before, after), cpu, args.speedup)
-    # vLLM's own lookup ratio, kept beside the hit rate for records taken before it
-    lookup_hit_rate = lookups[0] / lookups[1] if lookups[1] else None
-    return row | {"preemptions": preempted, "lookup_hit_rate": lookup_hit_rate} | own
+    totals = pool_delta(before, after)
+    queries = totals.get("vllm:prefix_cache_queries_total", 0.0)
+    extra = {
+        "preemptions": totals.get("vllm:num_preemptions_total", 0.0),
+        # vLLM's own lookup ratio, kept beside the hit rate for records taken before it
+        "lookup_hit_rate": totals.get("vllm:prefix_cache_hits_total", 0.0) / queries
+        if queries
+        else None,
+    }
+    return row_of(record, slos, cache_delta(before, after), cpu, args.speedup) | extra | own
 
 
 def pool_cache_bound(workload: Trace, args: argparse.Namespace) -> float | None:

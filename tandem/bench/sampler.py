@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from tandem.bench.resources import LocalProbe, dcgm_key, query_prometheus
-from tandem.bench.stats import PROMPT_TOKENS_BY_SOURCE
+from tandem.observability.names import ENGINE_PROMPT_TOKENS_BY_SOURCE
 
 # Families worth keeping: vLLM's (the engines, real or emulated), Tandem's own (the router) and
 # dcgm-exporter's GPU gauges (kept per GPU as `NAME{gpu=GPU}`).
@@ -17,7 +17,7 @@ KEPT_PREFIXES = ("vllm:", "tandem_", "DCGM_")
 # Histograms whose buckets are kept (as `name{le=BOUND}` keys), for engine-side percentiles.
 KEPT_BUCKETS = ("vllm:inter_token_latency_seconds_bucket",)
 # Counters kept per value of one label (as `name{label=VALUE}` keys).
-KEPT_BY_LABEL = {PROMPT_TOKENS_BY_SOURCE: "source"}
+KEPT_BY_LABEL = {ENGINE_PROMPT_TOKENS_BY_SOURCE: "source"}
 BASELINE_IDLE_S = 1.0
 
 

@@ -9,6 +9,11 @@ import numpy as np
 
 from tandem.bench.records import EngineTotals, Percentiles, RequestRecord, SampleRecord, Summary
 from tandem.bench.spec import SLO
+from tandem.observability.names import (
+    ENGINE_PREFIX_HITS,
+    ENGINE_PREFIX_QUERIES,
+    ENGINE_PROMPT_TOKENS_BY_SOURCE,
+)
 
 ROUTER_STAGE = re.compile(r"^tandem_router_(.+)_seconds_sum$")
 
@@ -78,28 +83,30 @@ def group_by(requests: Sequence[RequestRecord], key: str, slo: SLO) -> dict[str,
     return {name: summarize(members, slo) for name, members in groups.items()}
 
 
-PROMPT_TOKENS_BY_SOURCE = "vllm:prompt_tokens_by_source_total"
+def prompt_cache_tokens(delta: Callable[[str], float | None]) -> tuple[float, float] | None:
+    """The engines' prompt tokens taken from their prefix caches and the prompt tokens they
+    computed or took from them, from the increases `delta(name)` of their counters over a run
+    (None where they export neither pair): `vllm:prompt_tokens_by_source`'s local_cache_hit and
+    local_cache_hit + local_compute, counted once per request at its first scheduling (tokens
+    pulled from a P/D prefill engine count on neither side). vLLM's `prefix_cache_hits` and
+    `prefix_cache_queries` count a lookup each time its scheduler tries the request at the head
+    of the waiting queue, again after every step it could not be admitted (KV full): that
+    weights the requests that waited, and so the engines a router fills up. They are the
+    figures of last resort, for engines without the per-source counters."""
+    hit = delta(f"{ENGINE_PROMPT_TOKENS_BY_SOURCE}{{source=local_cache_hit}}")
+    computed = delta(f"{ENGINE_PROMPT_TOKENS_BY_SOURCE}{{source=local_compute}}")
+    if hit is not None and computed is not None:
+        return hit, hit + computed
+    hits = delta(ENGINE_PREFIX_HITS)
+    queries = delta(ENGINE_PREFIX_QUERIES)
+    return None if hits is None or queries is None else (hits, queries)
 
 
 def prompt_hit_rate(delta: Callable[[str], float | None]) -> float | None:
-    """The share of the prompt tokens computed on the engines that came from their prefix
-    caches, from the increases `delta(name)` of their counters over a run:
-
-        hit rate = Σ local_cache_hit / Σ (local_cache_hit + local_compute)
-
-    (`vllm:prompt_tokens_by_source`, counted once per request at its first scheduling; tokens
-    pulled from a P/D prefill engine count on neither side). vLLM's `prefix_cache_hits /
-    prefix_cache_queries` counts a lookup each time its scheduler tries the request at the head
-    of the waiting queue, again after every step it could not be admitted (KV full): that
-    weights the requests that waited, and so the engines a router fills up. It is the figure
-    of last resort, for engines without the per-source counters."""
-    hit = delta(f"{PROMPT_TOKENS_BY_SOURCE}{{source=local_cache_hit}}")
-    computed = delta(f"{PROMPT_TOKENS_BY_SOURCE}{{source=local_compute}}")
-    if hit is not None and computed is not None:
-        return hit / (hit + computed) if hit + computed > 0 else None
-    hits = delta("vllm:prefix_cache_hits_total")
-    queries = delta("vllm:prefix_cache_queries_total")
-    return hits / queries if hits is not None and queries else None
+    """hit rate = Σ local_cache_hit / Σ (local_cache_hit + local_compute) over the run
+    (`prompt_cache_tokens`); None when no prompt token was counted."""
+    tokens = prompt_cache_tokens(delta)
+    return tokens[0] / tokens[1] if tokens and tokens[1] else None
 
 
 def _delta(

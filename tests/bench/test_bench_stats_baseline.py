@@ -13,7 +13,6 @@ from tandem.bench.records import BenchRecord, EngineTotals, RequestRecord
 from tandem.bench.sampler import flatten
 from tandem.bench.spec import SLO, FixedQPS
 from tandem.bench.stats import (
-    PROMPT_TOKENS_BY_SOURCE,
     bucket_deltas,
     burst_recovery,
     engine_totals,
@@ -23,6 +22,7 @@ from tandem.bench.stats import (
     queue_share,
     summarize,
 )
+from tandem.observability.names import ENGINE_PROMPT_TOKENS_BY_SOURCE
 
 
 def request(
@@ -128,7 +128,7 @@ def test_the_hit_rate_counts_each_prompt_once_where_vllm_counts_each_lookup() ->
         found = [values[name] for values in last.values() if name in values]
         return sum(found) if found else None
 
-    assert since_start(f"{PROMPT_TOKENS_BY_SOURCE}{{source=local_compute}}") == 186
+    assert since_start(f"{ENGINE_PROMPT_TOKENS_BY_SOURCE}{{source=local_compute}}") == 186
     assert prompt_hit_rate(since_start) == 0.0
 
 
@@ -138,15 +138,15 @@ def test_the_hit_rate_prefers_the_per_source_counters() -> None:
         "e": {
             "vllm:prefix_cache_hits_total": 300.0,  # a request of 100 cached tokens, looked
             "vllm:prefix_cache_queries_total": 400.0,  # up 3 times while KV was full, and 1
-            f"{PROMPT_TOKENS_BY_SOURCE}{{source=local_cache_hit}}": 100.0,  # of 100 uncached
-            f"{PROMPT_TOKENS_BY_SOURCE}{{source=local_compute}}": 100.0,
-            f"{PROMPT_TOKENS_BY_SOURCE}{{source=external_kv_transfer}}": 500.0,
+            f"{ENGINE_PROMPT_TOKENS_BY_SOURCE}{{source=local_cache_hit}}": 100.0,  # of 100 uncached
+            f"{ENGINE_PROMPT_TOKENS_BY_SOURCE}{{source=local_compute}}": 100.0,
+            f"{ENGINE_PROMPT_TOKENS_BY_SOURCE}{{source=external_kv_transfer}}": 500.0,
         }
     }
     assert engine_totals(first, last, [], client_requests=2).prefix_hit_rate == 0.5
     idle = {
         "e": {
-            f"{PROMPT_TOKENS_BY_SOURCE}{{source={s}}}": 0.0
+            f"{ENGINE_PROMPT_TOKENS_BY_SOURCE}{{source={s}}}": 0.0
             for s in ("local_cache_hit", "local_compute")
         }
     }

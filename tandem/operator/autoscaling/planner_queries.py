@@ -7,6 +7,7 @@ import asyncio
 from pydantic import ValidationError
 
 from tandem.common.roles import Role
+from tandem.observability.names import ENGINE_PROMPT_TOKENS_BY_SOURCE
 from tandem.operator.autoscaling.planner_signals import PlannerSignals, PoolLoad
 from tandem.operator.autoscaling.prometheus import PrometheusClient, PrometheusUnavailable
 from tandem.operator.autoscaling.queries import PoolSelector, _duration, series
@@ -17,7 +18,6 @@ MEAN_LATENCY: dict[Role, str] = {
     "decode": "vllm:inter_token_latency_seconds",
 }
 QUEUE_TIME = "vllm:request_queue_time_seconds"
-PROMPT_TOKENS_BY_SOURCE = "vllm:prompt_tokens_by_source_total"
 
 
 def _rate(metric: str, selector: PoolSelector, window: str) -> str:
@@ -31,7 +31,7 @@ def _ratio(numerator: str, denominator: str, selector: PoolSelector, window: str
 def per_prompt_hit_rate(selector: PoolSelector, window: str) -> str:
     """The share of the pool's prompt tokens taken from its prefix caches, each prompt counted
     once: `vllm:prompt_tokens_by_source` local_cache_hit over local_cache_hit + local_compute."""
-    by_source = series(PROMPT_TOKENS_BY_SOURCE, selector)[:-1].rstrip(",")
+    by_source = series(ENGINE_PROMPT_TOKENS_BY_SOURCE, selector)[:-1].rstrip(",")
 
     def tokens(sources: str) -> str:
         return f'sum(rate({by_source},source=~"{sources}"}}[{window}]))'
