@@ -17,7 +17,8 @@ arrivals follow, and every figure is converted back to emulated-H200 time. The r
              Tandem router the row adds its P/D decisions and the prediction errors (MAPE) it
              reports on /metrics; with `--explain DIR` the predictive routers log each request's
              predicted TTFT terms beside what was observed (DIR/<router>-x<load>.jsonl) and the
-             row adds the error of each term (`term_errors`)
+             row adds the error of each term (`term_errors`) and the cache hits its local
+             picks passed over, and why (`passed_over`)
   sglang     sglang-router 0.3.2, cache_aware
   smg        SMG (the Shepherd Model Gateway, sglang-router's successor), cache_aware
   vllm       vllm-router 0.1.17, cache_aware
@@ -82,6 +83,7 @@ from tandem.bench.stats import meets_slo
 from tandem.bench.trace_plan import prefix_bound, trace_requests
 from tandem.common.ports import free_port
 from tandem.common.routing import PredictiveConfig
+from tandem.router.predict.placement import CLOSE_ENOUGH
 
 TANDEM_ROUTERS = ("tandem", "tandem-pd", "tandem-predictive", "tandem-pd-predictive")
 ROUTERS = (*TANDEM_ROUTERS, "sglang", "smg", "vllm", "vllm-pd", "llmd")
@@ -320,6 +322,7 @@ async def run_router(
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text("".join(json.dumps(line) + "\n" for line in lines))
             own["term_mape"] = term_errors(lines)
+            own["passed_over"] = passed_over(lines)
     finally:
         router.stop()
     totals = pool_delta(before, after)
@@ -409,6 +412,29 @@ def term_errors(lines: list[dict[str, Any]]) -> dict[str, float]:
     return out
 
 
+def passed_over(lines: list[dict[str, Any]]) -> dict[str, float]:
+    """The cache hits the local picks passed over: for a request placed locally on an engine
+    where another candidate had more of its prompt cached, own(chosen) - min own over the
+    candidates, filed under `meet` when that candidate's P(meet) was below the pick's band (the
+    best P(meet) - CLOSE_ENOUGH), else under `cost` (in the band, dearer); each as a fraction of
+    all the requests' prompt tokens, with `placements` the number of such picks."""
+    prompt = sum(line["prompt"] for line in lines) or 1
+    tokens = {"meet": 0.0, "cost": 0.0}
+    placements = 0
+    for line in lines:
+        candidates = line["candidates"]
+        if line["route"] != "local" or not candidates:
+            continue
+        chosen = next(c for c in candidates if c["engine"] == line["decode"])
+        cached = min(candidates, key=lambda c: c["own"])
+        if cached["own"] >= chosen["own"]:
+            continue
+        placements += 1
+        band = max(c["meet"] for c in candidates) - CLOSE_ENOUGH
+        tokens["meet" if cached["meet"] < band else "cost"] += chosen["own"] - cached["own"]
+    return {"placements": placements, **{k: v / prompt for k, v in tokens.items()}}
+
+
 # -- report --------------------------------------------------------------------------------------
 
 
@@ -468,6 +494,13 @@ def print_tandem_figures(rows: dict[str, dict[str, Any]]) -> None:
         expected = row.get("router_hit_rate")
         hit = f"; index hit rate {expected:.1%}" if expected is not None else ""
         print(f"    {name}: decisions {decided or '-'}{hit}" + (f"; MAPE {mape}" if mape else ""))
+        if row.get("passed_over"):
+            over = row["passed_over"]
+            print(
+                f"      hits passed over: {over['placements']:.0f} placements,"
+                f" {over['meet'] + over['cost']:.1%} of prompt tokens (P(meet) below the band"
+                f" {over['meet']:.1%}, dearer {over['cost']:.1%})"
+            )
         if row.get("term_mape"):
             terms = ", ".join(f"{k} {v:.1%}" for k, v in sorted(row["term_mape"].items()))
             print(f"      MAPE by term: {terms}")

@@ -182,6 +182,7 @@ class Placement:
     shed: bool
     ranking: list[Engine]  # decode engines, the chosen first
     prefill_ranking: list[Engine]  # prefill engines, the chosen first; empty when local
+    candidates: tuple[Candidate, ...]  # every decode engine's local prediction, as weighed
 
     @property
     def prefill_ledger(self) -> EngineLedger:
@@ -430,6 +431,7 @@ def place(
         target.sheddable and meet < q and probed is None and not probe,
         _first(chosen.engine, decoders),
         _first(prefill.engine, prefillers) if prefill is not None else [],
+        tuple(candidates),
     )
 
 

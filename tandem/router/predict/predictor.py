@@ -267,9 +267,10 @@ class Ticket:
         line per request): the work ahead and its own (tokens), the prefill part, the wait on
         the decode engine and the handoff after a P/D prefill,
         and the observed wait from the plan to the first upstream request, upstream TTFT, P/D
-        prefill, handoff and TPOT, and the clock readings (s) of the placement, the first upstream
-        request and the first byte (a replay's arrivals). Observed figures missing from the
-        request's path are None."""
+        prefill, handoff and TPOT, the clock readings (s) of the placement, the first upstream
+        request and the first byte (a replay's arrivals), and every decode candidate as the pick
+        weighed it (its uncached tokens, TTFT, TPOT, streams, stall, prefill share, P(meet),
+        cost, KV overflow). Observed figures missing from the request's path are None."""
         placement = self.placement
         decode, prefill = placement.decode, placement.prefill
         part = prefill if prefill is not None else decode
@@ -283,6 +284,21 @@ class Ticket:
 
         return {
             "route": "local" if prefill is None else "pd",
+            "candidates": [
+                {
+                    "engine": c.engine.id,
+                    "own": c.own.tokens,
+                    "ttft_ms": ms(c.ttft_s),
+                    "tpot_ms": ms(c.tpot_s),
+                    "streams": c.streams,
+                    "stall_ms": ms(c.stall_s),
+                    "share": round(c.share, 3),
+                    "meet": round(c.meet, 3),
+                    "cost_ms": ms(c.cost),
+                    "overflows": c.overflows,
+                }
+                for c in placement.candidates
+            ],
             "decode": decode.engine.id,
             "prefill": None if prefill is None else prefill.engine.id,
             "prompt": self.prompt_tokens,
