@@ -175,8 +175,6 @@ class Router:
             for url in decode:
                 argv += ["--decode", url]
         elif kind == "llmd":
-            if not args.llmd_epp or not args.envoy:
-                raise SystemExit("the llmd router needs --llmd-epp PATH and --envoy PATH")
             self.llmd = LlmdRouter(args.llmd_epp, args.envoy, [e.port for e in pool.engines])
             self.url = self.llmd.url
             return
@@ -515,6 +513,16 @@ def print_ratios(found: dict[str, dict[str, float]]) -> None:
 # -- main ----------------------------------------------------------------------------------------
 
 
+def check_llmd_binaries(epp: Path | None, envoy: Path | None) -> None:
+    """Before any router runs: llm-d's row needs both binaries, and a run that found one missing
+    only when its turn came would lose every row measured before it."""
+    for flag, path in (("--llmd-epp", epp), ("--envoy", envoy)):
+        if path is None:
+            raise SystemExit(f"the llmd router needs {flag} PATH (docs/bench.md)")
+        if not os.access(path, os.X_OK):
+            raise SystemExit(f"{flag} {path}: no executable there (docs/bench.md)")
+
+
 async def main_async(args: argparse.Namespace) -> int:
     # SIGTERM cancels the run, so that the finally blocks stop every router and engine
     task = asyncio.current_task()
@@ -524,6 +532,8 @@ async def main_async(args: argparse.Namespace) -> int:
     unknown = sorted(set(kinds) - set(ROUTERS))
     if unknown:
         raise SystemExit(f"unknown routers {unknown}; choose from {', '.join(ROUTERS)}")
+    if "llmd" in kinds:
+        check_llmd_binaries(args.llmd_epp, args.envoy)
     if set(kinds) & {"sglang", "smg", "vllm", "vllm-pd"}:
         ensure_peers()
         ensure_smg()
