@@ -11,6 +11,8 @@ arrivals follow, and every figure is converted back to emulated-H200 time. The r
 
   tandem     Tandem, every engine colocated (prefill and decode on the same engine)
   tandem-pd  Tandem, the first half of the engines prefill and the second half decode
+  KIND@before  a Tandem router KIND run from `--before-tree DIR` (say a checkout of the commit
+             before a change), measured in the same run as KIND, on the same engines
   tandem-predictive, tandem-pd-predictive
              the same two under the predictive policy (`--policy predictive`, with one SLO class
              of `--predictive-class` TTFT ms / TPOT ms in router time when given); for every
@@ -64,6 +66,7 @@ from router_bench import (
     ENGINE_BLOCK_TOKENS,
     MODEL,
     PEERS,
+    ROOT,
     Proc,
     cache_delta,
     emulated_pool_flags,
@@ -83,9 +86,9 @@ from tandem.bench.stats import meets_slo
 from tandem.bench.trace_plan import prefix_bound, trace_requests
 from tandem.common.ports import free_port
 from tandem.common.routing import PredictiveConfig
-from tandem.router.predict.placement import CLOSE_ENOUGH
 
 TANDEM_ROUTERS = ("tandem", "tandem-pd", "tandem-predictive", "tandem-pd-predictive")
+BEFORE = "@before"  # a Tandem router of this name's kind, run from `--before-tree`
 ROUTERS = (*TANDEM_ROUTERS, "sglang", "smg", "vllm", "vllm-pd", "llmd")
 PEER_ROUTERS = ("sglang", "smg", "vllm", "vllm-pd", "llmd")
 KV_BOTH = {"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_buffer_device": "cpu"}
@@ -136,8 +139,9 @@ def start_pool(count: int, profile: str, blocks: int, speedup: float, max_len: i
 class Router:
     """One router of the comparison over `pool`, as a process (or llm-d's two)."""
 
-    def __init__(self, kind: str, pool: Pool, args: argparse.Namespace) -> None:
-        self.kind = kind
+    def __init__(self, name: str, pool: Pool, args: argparse.Namespace) -> None:
+        self.kind = kind = router_kind(name)
+        tree = args.before_tree if name.endswith(BEFORE) else ROOT
         self.llmd: LlmdRouter | None = None
         self.proc: Proc | None = None
         port = free_port()
@@ -180,7 +184,8 @@ class Router:
             return
         else:
             raise ValueError(kind)
-        self.proc = Proc(kind, argv, port)
+        env = {"PYTHONPATH": str(tree)} if tree != ROOT else None
+        self.proc = Proc(kind, argv, port, env, tree)
         self.url = self.proc.url
 
     async def wait_ready(self) -> None:
@@ -294,10 +299,11 @@ def row_of(
 
 
 async def run_router(
-    kind: str, pool: Pool, workload: Trace, slos: list[SLO], args: argparse.Namespace
+    name: str, pool: Pool, workload: Trace, slos: list[SLO], args: argparse.Namespace
 ) -> dict[str, Any]:
     await reset_caches(pool.engines)
-    router = Router(kind, pool, args)
+    router = Router(name, pool, args)
+    kind = router.kind
     try:
         await router.wait_ready()
         # the readiness probe's request is not the trace's: reset once more before measuring
@@ -305,7 +311,7 @@ async def run_router(
         before = await engine_counters(pool.engines)
         cpu0 = router.cpu_seconds()
         record = await run_target(
-            Target(kind, router.url),
+            Target(name, router.url),
             workload,
             RunOptions(model=MODEL, progress=False, nvml=False,
                        request_timeout_s=args.run_seconds,
@@ -316,7 +322,7 @@ async def run_router(
         own = tandem_figures(await metrics_text(router.url)) if kind in TANDEM_ROUTERS else {}
         if args.explain and kind.endswith("-predictive") and router.proc is not None:
             lines = explained(router.proc.log_path.read_text())
-            path = Path(args.explain) / f"{kind}-x{workload.speedup / args.speedup:g}.jsonl"
+            path = Path(args.explain) / f"{name}-x{workload.speedup / args.speedup:g}.jsonl"
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text("".join(json.dumps(line) + "\n" for line in lines))
             own["term_mape"] = term_errors(lines)
@@ -413,9 +419,9 @@ def term_errors(lines: list[dict[str, Any]]) -> dict[str, float]:
 def passed_over(lines: list[dict[str, Any]]) -> dict[str, float]:
     """The cache hits the local picks passed over: for a request placed locally on an engine
     where another candidate had more of its prompt cached, own(chosen) - min own over the
-    candidates, filed under `meet` when that candidate's P(meet) was below the pick's band (the
-    best P(meet) - CLOSE_ENOUGH), else under `cost` (in the band, dearer); each as a fraction of
-    all the requests' prompt tokens, with `placements` the number of such picks."""
+    candidates, filed under `meet` when that candidate's P(meet) was below the pick's bar
+    (`placement.meet_bar`), else under `cost` (weighed, and dearer); each as a fraction of all
+    the requests' prompt tokens, with `placements` the number of such picks."""
     prompt = sum(line["prompt"] for line in lines) or 1
     tokens = {"meet": 0.0, "cost": 0.0}
     placements = 0
@@ -428,8 +434,9 @@ def passed_over(lines: list[dict[str, Any]]) -> dict[str, float]:
         if cached["own"] >= chosen["own"]:
             continue
         placements += 1
-        band = max(c["meet"] for c in candidates) - CLOSE_ENOUGH
-        tokens["meet" if cached["meet"] < band else "cost"] += chosen["own"] - cached["own"]
+        tokens["meet" if cached["meet"] < line["meet_bar"] else "cost"] += (
+            chosen["own"] - cached["own"]
+        )
     return {"placements": placements, **{k: v / prompt for k, v in tokens.items()}}
 
 
@@ -466,9 +473,8 @@ def ratios(rows: dict[str, dict[str, Any]], slos: list[SLO]) -> dict[str, dict[s
     out: dict[str, dict[str, float]] = {}
     if not peers:
         return out
-    for name in TANDEM_ROUTERS:
-        row = rows.get(name)
-        if not row:
+    for name, row in rows.items():
+        if router_kind(name) not in TANDEM_ROUTERS or not row:
             continue
         figures: dict[str, float] = {}
         for key in ("ttft_p50", "ttft_p99"):
@@ -496,7 +502,7 @@ def print_tandem_figures(rows: dict[str, dict[str, Any]]) -> None:
             over = row["passed_over"]
             print(
                 f"      hits passed over: {over['placements']:.0f} placements,"
-                f" {over['meet'] + over['cost']:.1%} of prompt tokens (P(meet) below the band"
+                f" {over['meet'] + over['cost']:.1%} of prompt tokens (P(meet) below the bar"
                 f" {over['meet']:.1%}, dearer {over['cost']:.1%})"
             )
         if row.get("term_mape"):
@@ -511,6 +517,23 @@ def print_ratios(found: dict[str, dict[str, float]]) -> None:
 
 
 # -- main ----------------------------------------------------------------------------------------
+
+
+def router_kind(name: str) -> str:
+    """The router a `--routers` name runs: itself, or a Tandem router's `@before` variant's."""
+    return name.removesuffix(BEFORE)
+
+
+def check_before_tree(names: list[str], tree: Path | None) -> None:
+    """`@before` names only Tandem routers, and only with a `--before-tree` that holds Tandem."""
+    before = [name for name in names if name.endswith(BEFORE)]
+    if not before:
+        return
+    if tree is None or not (tree / "tandem" / "cli.py").is_file():
+        raise SystemExit(f"{before[0]} needs --before-tree DIR, a Tandem source tree")
+    other = [name for name in before if router_kind(name) not in TANDEM_ROUTERS]
+    if other:
+        raise SystemExit(f"{other[0]}: only a Tandem router runs from --before-tree")
 
 
 def check_llmd_binaries(epp: Path | None, envoy: Path | None) -> None:
@@ -528,10 +551,12 @@ async def main_async(args: argparse.Namespace) -> int:
     task = asyncio.current_task()
     assert task is not None
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
-    kinds = [k.strip() for k in args.routers.split(",") if k.strip()]
+    names = [k.strip() for k in args.routers.split(",") if k.strip()]
+    kinds = [router_kind(name) for name in names]
     unknown = sorted(set(kinds) - set(ROUTERS))
     if unknown:
         raise SystemExit(f"unknown routers {unknown}; choose from {', '.join(ROUTERS)}")
+    check_before_tree(names, args.before_tree)
     if "llmd" in kinds:
         check_llmd_binaries(args.llmd_epp, args.envoy)
     if set(kinds) & {"sglang", "smg", "vllm", "vllm-pd"}:
@@ -561,9 +586,9 @@ async def main_async(args: argparse.Namespace) -> int:
             )
             rows: dict[str, dict[str, Any]] = {}
             pool_bounds[f"x{load:g}"] = pool_cache_bound(workload, args)
-            for kind in kinds:
-                rows[kind] = await run_router(kind, pool, workload, slos, args)
-                print(f"  {kind} at x{load:g}: {json.dumps(rows[kind])[:300]}", flush=True)
+            for name in names:
+                rows[name] = await run_router(name, pool, workload, slos, args)
+                print(f"  {name} at x{load:g}: {json.dumps(rows[name])[:300]}", flush=True)
             tables[f"x{load:g}"] = rows
     finally:
         for engine in pool.engines:
@@ -679,6 +704,12 @@ def main(argv: list[str] | None = None) -> int:
         "--explain",
         help="a folder: the predictive routers' per-request prediction terms go there, one"
         " JSONL file per router and load, and the rows add each term's MAPE",
+    )
+    parser.add_argument(
+        "--before-tree",
+        type=Path,
+        help="another Tandem source tree: a router named KIND@before (a Tandem KIND) runs from it,"
+        " a before/after pair in one run",
     )
     parser.add_argument("--json", help="also write the tables to this file")
     return asyncio.run(main_async(parser.parse_args(argv)))

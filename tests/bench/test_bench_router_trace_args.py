@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from router_trace import check_llmd_binaries
+from router_trace import check_before_tree, check_llmd_binaries, router_kind
 
 
 def test_llmd_binaries_are_checked_before_the_run(tmp_path: Path) -> None:
@@ -25,3 +25,18 @@ def test_llmd_binaries_are_checked_before_the_run(tmp_path: Path) -> None:
     envoy.write_text("#!/bin/sh\n")
     envoy.chmod(0o755)
     check_llmd_binaries(epp, envoy)
+
+
+def test_a_before_router_needs_a_tandem_tree(tmp_path: Path) -> None:
+    assert router_kind("tandem-predictive@before") == "tandem-predictive"
+    assert router_kind("sglang") == "sglang"
+    check_before_tree(["tandem", "sglang"], None)  # no @before: no tree needed
+    with pytest.raises(SystemExit, match="needs --before-tree DIR"):
+        check_before_tree(["tandem", "tandem@before"], None)
+    with pytest.raises(SystemExit, match="needs --before-tree DIR"):
+        check_before_tree(["tandem@before"], tmp_path)  # a folder without Tandem in it
+    (tmp_path / "tandem").mkdir()
+    (tmp_path / "tandem" / "cli.py").write_text("")
+    check_before_tree(["tandem@before"], tmp_path)
+    with pytest.raises(SystemExit, match="only a Tandem router"):
+        check_before_tree(["sglang@before"], tmp_path)

@@ -47,6 +47,7 @@ def test_the_explain_line_lists_every_candidate_as_weighed() -> None:
     assert (by_engine[a.id]["own"], by_engine[b.id]["own"]) == (400, 2000)
     assert by_engine[a.id]["cost_ms"] < by_engine[b.id]["cost_ms"]
     assert by_engine[a.id]["ttft_ms"] == line["ttft_ms"]
+    assert line["meet_bar"] == 0.5  # both are likely to meet: the cost decides
     assert passed_over([line]) == {"placements": 0, "meet": 0.0, "cost": 0.0}
 
 
@@ -55,16 +56,16 @@ def test_passed_over_files_each_lost_hit_under_its_reason() -> None:
         return {"engine": name, "own": own, "meet": meet}
 
     lines = [
-        # b held 1,500 more cached tokens but fell out of the P(meet) band
-        {"route": "local", "decode": "a", "prompt": 2000,
+        # b held 1,500 more cached tokens but its P(meet) was below the bar
+        {"route": "local", "decode": "a", "prompt": 2000, "meet_bar": 0.85,
          "candidates": [candidate("a", 2000, 0.9), candidate("b", 500, 0.8)]},
-        # b was in the band and dearer
-        {"route": "local", "decode": "a", "prompt": 1000,
+        # b was weighed and dearer
+        {"route": "local", "decode": "a", "prompt": 1000, "meet_bar": 0.5,
          "candidates": [candidate("a", 1000, 0.9), candidate("b", 600, 0.88)]},
         # the most cached engine was chosen; a P/D request's decode engine prefills nothing
-        {"route": "local", "decode": "b", "prompt": 600,
+        {"route": "local", "decode": "b", "prompt": 600, "meet_bar": 0.5,
          "candidates": [candidate("a", 600, 1.0), candidate("b", 0, 1.0)]},
-        {"route": "pd", "decode": "a", "prompt": 400,
+        {"route": "pd", "decode": "a", "prompt": 400, "meet_bar": 0.5,
          "candidates": [candidate("a", 400, 1.0), candidate("b", 0, 1.0)]},
     ]  # fmt: skip
     over = passed_over(lines)

@@ -546,6 +546,26 @@ def test_pick_prefers_the_cached_engine_and_the_idle_one() -> None:
     assert placement.decode.engine is b
 
 
+def test_every_candidate_likely_to_meet_counts_as_meeting_and_cost_decides() -> None:
+    """P(meet) ranks candidates only below meetProbability: above it the cheaper one is taken
+    (here the cached engine, whose recent prefills make its TPOT the less likely to meet)."""
+    _, ledger_of = ledger_table()
+    cached, busy = engine("cached", "both"), engine("busy", "both")
+    busy.running = 10.0  # ten streams that a local prefill there would stall
+    hits = {cached.id: 100}  # 1,600 of 2,000 tokens cached
+    ledger_of(cached).add_prefill(100.0, 0.3)  # a prefill share of 0.3: TPOT 8.6 ms, not 6
+    inputs = inputs_for(2000, tpot_ms=10, hits=hits)
+    placement = place([cached, busy], [], ledger_of, inputs, "auto")
+    by_engine = {c.engine: c for c in placement.candidates}
+    assert 0.5 < by_engine[cached].meet < by_engine[busy].meet - 0.05
+    assert by_engine[cached].cost < by_engine[busy].cost
+    assert placement.decode.engine is cached
+    ledger_of(cached).add_prefill(100.0, 0.3)  # now 0.6: TPOT 15 ms, likely to miss
+    placement = place([cached, busy], [], ledger_of, inputs, "auto")
+    assert {c.engine: c for c in placement.candidates}[cached].meet < 0.5
+    assert placement.decode.engine is busy
+
+
 def test_modes_and_colocated_engines() -> None:
     _, ledger_of = ledger_table()
     d, p, c = engine("d", "decode"), engine("p", "prefill"), engine("c", "both")

@@ -284,6 +284,7 @@ class Ticket:
 
         return {
             "route": "local" if prefill is None else "pd",
+            "meet_bar": round(placement.meet_bar, 3),
             "candidates": [
                 {
                     "engine": c.engine.id,
