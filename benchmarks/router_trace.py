@@ -86,6 +86,7 @@ from tandem.bench.stats import meets_slo
 from tandem.bench.trace_plan import prefix_bound, trace_requests
 from tandem.common.ports import free_port
 from tandem.common.routing import PredictiveConfig
+from tandem.router.predict.placement import CLOSE_ENOUGH
 
 TANDEM_ROUTERS = ("tandem", "tandem-pd", "tandem-predictive", "tandem-pd-predictive")
 BEFORE = "@before"  # a Tandem router of this name's kind, run from `--before-tree`
@@ -420,8 +421,10 @@ def passed_over(lines: list[dict[str, Any]]) -> dict[str, float]:
     """The cache hits the local picks passed over: for a request placed locally on an engine
     where another candidate had more of its prompt cached, own(chosen) - min own over the
     candidates, filed under `meet` when that candidate's P(meet) was below the pick's bar
-    (`placement.meet_bar`), else under `cost` (weighed, and dearer); each as a fraction of all
-    the requests' prompt tokens, with `placements` the number of such picks."""
+    (`placement.meet_bar`; the best P(meet) - CLOSE_ENOUGH in the lines of a Tandem that
+    logged no bar, whose pick ranked by that band), else under `cost` (weighed, and dearer);
+    each as a fraction of all the requests' prompt tokens, with `placements` the number of such
+    picks."""
     prompt = sum(line["prompt"] for line in lines) or 1
     tokens = {"meet": 0.0, "cost": 0.0}
     placements = 0
@@ -434,9 +437,8 @@ def passed_over(lines: list[dict[str, Any]]) -> dict[str, float]:
         if cached["own"] >= chosen["own"]:
             continue
         placements += 1
-        tokens["meet" if cached["meet"] < line["meet_bar"] else "cost"] += (
-            chosen["own"] - cached["own"]
-        )
+        bar = line.get("meet_bar", max(c["meet"] for c in candidates) - CLOSE_ENOUGH)
+        tokens["meet" if cached["meet"] < bar else "cost"] += chosen["own"] - cached["own"]
     return {"placements": placements, **{k: v / prompt for k, v in tokens.items()}}
 
 

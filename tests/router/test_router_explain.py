@@ -59,9 +59,9 @@ def test_passed_over_files_each_lost_hit_under_its_reason() -> None:
         # b held 1,500 more cached tokens but its P(meet) was below the bar
         {"route": "local", "decode": "a", "prompt": 2000, "meet_bar": 0.85,
          "candidates": [candidate("a", 2000, 0.9), candidate("b", 500, 0.8)]},
-        # b was weighed and dearer
+        # b was weighed (likely to meet) and dearer
         {"route": "local", "decode": "a", "prompt": 1000, "meet_bar": 0.5,
-         "candidates": [candidate("a", 1000, 0.9), candidate("b", 600, 0.88)]},
+         "candidates": [candidate("a", 1000, 0.9), candidate("b", 600, 0.8)]},
         # the most cached engine was chosen; a P/D request's decode engine prefills nothing
         {"route": "local", "decode": "b", "prompt": 600, "meet_bar": 0.5,
          "candidates": [candidate("a", 600, 1.0), candidate("b", 0, 1.0)]},
@@ -72,3 +72,9 @@ def test_passed_over_files_each_lost_hit_under_its_reason() -> None:
     assert over["placements"] == 2
     assert over["meet"] == pytest.approx(1500 / 4000)
     assert over["cost"] == pytest.approx(400 / 4000)
+    # a line of a Tandem that logged no bar: its pick ranked by the band 0.05 below the best
+    for line in lines:
+        del line["meet_bar"]
+    over = passed_over(lines)
+    assert over["meet"] == pytest.approx(1900 / 4000)
+    assert over["cost"] == 0.0
