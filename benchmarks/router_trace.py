@@ -420,9 +420,10 @@ def term_errors(lines: list[dict[str, Any]]) -> dict[str, float]:
 def passed_over(lines: list[dict[str, Any]]) -> dict[str, float]:
     """The cache hits the local picks passed over: for a request placed locally on an engine
     where another candidate had more of its prompt cached, own(chosen) - min own over the
-    candidates, filed under `meet` when that candidate's P(meet) was below the pick's bar
-    (`placement.meet_bar`; the best P(meet) - CLOSE_ENOUGH in the lines of a Tandem that
-    logged no bar, whose pick ranked by that band), else under `cost` (weighed, and dearer);
+    candidates, filed under `meet` when the probability the pick ranked by (P(TTFT ≤ T_ttft),
+    or P(meet) in the lines of a Tandem that logged no `ttft_meet`) was below its bar
+    (`placement.meet_bar`; the best - CLOSE_ENOUGH in the lines of a Tandem that logged no bar,
+    whose pick ranked by that band), else under `cost` (weighed, and dearer);
     each as a fraction of all the requests' prompt tokens, with `placements` the number of such
     picks."""
     prompt = sum(line["prompt"] for line in lines) or 1
@@ -437,8 +438,9 @@ def passed_over(lines: list[dict[str, Any]]) -> dict[str, float]:
         if cached["own"] >= chosen["own"]:
             continue
         placements += 1
-        bar = line.get("meet_bar", max(c["meet"] for c in candidates) - CLOSE_ENOUGH)
-        tokens["meet" if cached["meet"] < bar else "cost"] += chosen["own"] - cached["own"]
+        ranked = "ttft_meet" if "ttft_meet" in cached else "meet"
+        bar = line.get("meet_bar", max(c[ranked] for c in candidates) - CLOSE_ENOUGH)
+        tokens["meet" if cached[ranked] < bar else "cost"] += chosen["own"] - cached["own"]
     return {"placements": placements, **{k: v / prompt for k, v in tokens.items()}}
 
 

@@ -546,9 +546,10 @@ def test_pick_prefers_the_cached_engine_and_the_idle_one() -> None:
     assert placement.decode.engine is b
 
 
-def test_every_candidate_likely_to_meet_counts_as_meeting_and_cost_decides() -> None:
-    """P(meet) ranks candidates only below meetProbability: above it the cheaper one is taken
-    (here the cached engine, whose recent prefills make its TPOT the less likely to meet)."""
+def test_every_candidate_likely_to_meet_its_ttft_is_weighed_by_cost() -> None:
+    """The pick ranks by P(TTFT ≤ T_ttft) only below meetProbability, and never by the TPOT
+    factor of P(meet): the cached engine, whose recent prefills make its predicted TPOT the less
+    likely to meet, is taken while it is the cheaper one and likely to meet its TTFT."""
     _, ledger_of = ledger_table()
     cached, busy = engine("cached", "both"), engine("busy", "both")
     busy.running = 10.0  # ten streams that a local prefill there would stall
@@ -560,9 +561,15 @@ def test_every_candidate_likely_to_meet_counts_as_meeting_and_cost_decides() -> 
     assert 0.5 < by_engine[cached].meet < by_engine[busy].meet - 0.05
     assert by_engine[cached].cost < by_engine[busy].cost
     assert placement.decode.engine is cached
-    ledger_of(cached).add_prefill(100.0, 0.3)  # now 0.6: TPOT 15 ms, likely to miss
+    busy.running = 30.0
+    ledger_of(cached).add_prefill(100.0, 0.3)  # now 0.6: TPOT 15 ms, likely to miss its target
     placement = place([cached, busy], [], ledger_of, inputs, "auto")
-    assert {c.engine: c for c in placement.candidates}[cached].meet < 0.5
+    by_engine = {c.engine: c for c in placement.candidates}
+    assert by_engine[cached].meet < 0.5 < by_engine[cached].ttft_meet
+    assert placement.decode.engine is cached  # still the cheaper, and its TTFT is likely met
+    behind(ledger_of(cached), 12000)  # 320 ms to its first token against a 200 ms target
+    placement = place([cached, busy], [], ledger_of, inputs, "auto")
+    assert {c.engine: c for c in placement.candidates}[cached].ttft_meet < 0.5
     assert placement.decode.engine is busy
 
 

@@ -49,16 +49,18 @@ its targets (T_ttft, T_tpot, `slo.py`) and block size B, with each engine's lear
              P + L90) / context(d) > 1, a preemption ahead)
   cost     = TTFT + L · TPOT + streams(d) · stall  (its predicted end-to-end time plus the delay
              its prefill adds to every stream decoding there)
-  pick     = among candidates whose P(meet) ≥ min(best P(meet) - 0.05, q), the lowest cost
-             (ties to the higher rendezvous weight of the first block, which every replica shares;
-             q = `meetProbability`): every candidate likely to meet the targets counts as
-             meeting them and the cost decides among them (a cache hit lowers its TTFT and its
-             stall); P(meet) ranks candidates only where none is likely to meet, the most
-             likely first. Above q its differences are mostly the TPOT prediction's, which
-             ranks what a new stream will see poorly (rank correlation 0.1-0.3 against the
-             observed TPOT on the Mooncake trace, the TTFT prediction's 0.7-0.9): a band below
-             the best P(meet) took cache hits away from engines whose recent prefills (the same
-             conversation's last turn) raised their predicted TPOT
+  pick     = among candidates whose P(TTFT ≤ T_ttft) (0 on a KV overflow) ≥ min(best - 0.05,
+             q), the lowest cost (ties to the higher rendezvous weight of the first block, which
+             every replica shares; q = `meetProbability`): every candidate likely to meet the
+             TTFT target counts as meeting it and the cost decides among them (a cache hit
+             lowers its TTFT and its stall); the TTFT probability ranks candidates only where
+             none is likely to meet, the most likely first. P(meet)'s TPOT factor ranks none:
+             the TPOT prediction ranks what a new stream will see poorly (rank correlation
+             0.1-0.3 against the observed TPOT on the Mooncake trace, the TTFT prediction's
+             0.7-0.9), and a pick ranked by it took cache hits away from engines whose recent
+             prefills (the same conversation's last turn) raised their predicted TPOT. The TPOT
+             stays in the cost (L · TPOT: the engine's prefill share there spreads prefills),
+             in P(meet) for shedding, and in the P/D decode engine's choice
 
   P/D decode engine (`pd_decode`), after the prefill engine p of lowest TTFT_p: among the decode
   candidates whose KV is not predicted to overflow (all when none), the lowest
@@ -163,6 +165,7 @@ class Candidate:
     streams: float
     context: float
     meet: float
+    ttft_meet: float  # P(TTFT ≤ T_ttft), the factor of P(meet) the pick ranks by (0 on overflow)
     cost: float
     overflows: bool  # its KV is predicted to overflow with this request on it
     kv_wait_s: float  # until the engine has KV free for the request (`kv_wait_s`)
@@ -191,7 +194,7 @@ class Placement:
     ranking: list[Engine]  # decode engines, the chosen first
     prefill_ranking: list[Engine]  # prefill engines, the chosen first; empty when local
     candidates: tuple[Candidate, ...]  # every decode engine's local prediction, as weighed
-    meet_bar: float  # the P(meet) a candidate needed to be weighed by its cost (`meet_bar`)
+    meet_bar: float  # the P(TTFT ≤ T_ttft) a candidate needed to be weighed (`meet_bar`)
 
     @property
     def prefill_ledger(self) -> EngineLedger:
@@ -291,16 +294,16 @@ def decode_candidate(engine: Engine, ledger: EngineLedger, inputs: PlacementInpu
     if kv_wait > 0.0:
         ttft = max(ttft, kv_wait + ledger.prefill_s(own.tokens, own.pairs))
     target = inputs.target
-    meet = meet_probability(ttft, target.ttft_s, ledger.ttft_sigma()) * meet_probability(
-        tpot, target.tpot_s, ledger.tpot_sigma()
-    )
+    ttft_meet = meet_probability(ttft, target.ttft_s, ledger.ttft_sigma())
+    meet = ttft_meet * meet_probability(tpot, target.tpot_s, ledger.tpot_sigma())
     overflows = kv_overflows(engine, ledger, context, prompt + output.p90)
     if overflows:
-        meet = 0.0
+        meet = ttft_meet = 0.0
     return Candidate(
         engine, ledger, own, backlog, open_ahead, ahead, through, ttft, stall, share, tpot, streams,
         context,
         meet,
+        ttft_meet,
         ttft + output.median * tpot + streams * stall,
         overflows,
         kv_wait,
@@ -338,15 +341,16 @@ def due_for_probe(engine: Engine, ledger: EngineLedger, now: float, reprobe_s: f
 
 
 def meet_bar(candidates: Sequence[Candidate], q: float) -> float:
-    """min(best P(meet) - 0.05, q): the P(meet) a candidate needs to be weighed by its cost."""
-    return min(max(c.meet for c in candidates) - CLOSE_ENOUGH, q)
+    """min(best P(TTFT ≤ T_ttft) - 0.05, q): what a candidate's P(TTFT ≤ T_ttft) must reach for
+    it to be weighed by its cost."""
+    return min(max(c.ttft_meet for c in candidates) - CLOSE_ENOUGH, q)
 
 
 def _pick(candidates: Sequence[Candidate], first_block_key: int | None, bar: float) -> Candidate:
     chosen: Candidate | None = None
     chosen_weight = 0.0
     for candidate in candidates:
-        if candidate.meet < bar:
+        if candidate.ttft_meet < bar:
             continue
         if chosen is not None and candidate.cost > chosen.cost:
             continue

@@ -270,7 +270,7 @@ class Ticket:
         prefill, handoff and TPOT, the clock readings (s) of the placement, the first upstream
         request and the first byte (a replay's arrivals), and every decode candidate as the pick
         weighed it (its uncached tokens, TTFT, TPOT, streams, stall, prefill share, P(meet),
-        cost, KV overflow). Observed figures missing from the request's path are None."""
+        P(TTFT ≤ T_ttft), cost, KV overflow). Observed figures missing from the request's path are None."""
         placement = self.placement
         decode, prefill = placement.decode, placement.prefill
         part = prefill if prefill is not None else decode
@@ -295,6 +295,7 @@ class Ticket:
                     "stall_ms": ms(c.stall_s),
                     "share": round(c.share, 3),
                     "meet": round(c.meet, 3),
+                    "ttft_meet": round(c.ttft_meet, 3),
                     "cost_ms": ms(c.cost),
                     "overflows": c.overflows,
                 }
