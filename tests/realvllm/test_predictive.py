@@ -30,6 +30,7 @@ def router(pd_cluster: PDCluster) -> Iterator[Router]:
     router = pd_cluster.router(
         "router-predictive", tokenizer=None, scoring=ScoringConfig(policy="predictive")
     )
+    router.wait_engines_healthy(set())  # engines restarted by the file before are seen up first
     yield router
     router.stop()
 
