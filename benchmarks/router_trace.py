@@ -506,7 +506,7 @@ def print_tandem_figures(rows: dict[str, dict[str, Any]]) -> None:
             over = row["passed_over"]
             print(
                 f"      hits passed over: {over['placements']:.0f} placements,"
-                f" {over['meet'] + over['cost']:.1%} of prompt tokens (P(meet) below the bar"
+                f" {over['meet'] + over['cost']:.1%} of prompt tokens (below the pick's bar"
                 f" {over['meet']:.1%}, dearer {over['cost']:.1%})"
             )
         if row.get("term_mape"):
