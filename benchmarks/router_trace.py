@@ -34,8 +34,11 @@ SLO pair of `--slos`), the engines' prefix-cache hit rate (the prompt tokens the
 cache, each request once: `tandem.bench.stats.prompt_hit_rate`; vLLM's lookup ratio
 prefix_cache_hits / queries, which counts a request again at every step it waits at the queue's
 head, is in the JSON as `lookup_hit_rate`), the engines' preemptions, max/mean requests per
-engine, failures; then Tandem's ratios to the best peer. Every run
-is bounded by the trace window (`--requests`) and in time (`--run-seconds`). The peers are
+engine, failures; then Tandem's ratios to the best peer. With `--rounds N` every router runs N
+times at each load (the order reversed every other round) and the report adds each figure's
+median and range over the rounds, and the ratios taken within each round (against the best
+peer, and a `KIND@before` pair's) with their median and range (docs/bench.md). Every run is
+bounded by the trace window (`--requests`) and in time (`--run-seconds`). The peers are
 installed into ~/.cache/tandem/peers when missing (router_bench.py); the EPP and Envoy are given
 by path (docs/bench.md says how they were obtained).
 
@@ -53,7 +56,6 @@ import os
 import signal
 import sys
 import tempfile
-from collections import defaultdict
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -61,7 +63,6 @@ from typing import Any
 
 import aiohttp
 import router_bench
-from prometheus_client.parser import text_string_to_metric_families
 from router_bench import (
     ENGINE_BLOCK_TOKENS,
     MODEL,
@@ -77,6 +78,23 @@ from router_bench import (
     router_argv,
     start_engine,
 )
+from router_trace_report import (
+    BEFORE,
+    PEER_ROUTERS,
+    TANDEM_ROUTERS,
+    Rows,
+    paired_ratios,
+    print_ratios,
+    print_rounds,
+    print_table,
+    print_tandem_figures,
+    ratios,
+    round_figures,
+    round_order,
+    router_kind,
+    slo_name,
+)
+from router_trace_tandem import explained, passed_over, tandem_figures, term_errors
 from trace_peers import LlmdRouter, ensure_smg, first_completion
 
 from tandem.bench.records import BenchRecord
@@ -86,12 +104,8 @@ from tandem.bench.stats import meets_slo
 from tandem.bench.trace_plan import prefix_bound, trace_requests
 from tandem.common.ports import free_port
 from tandem.common.routing import PredictiveConfig
-from tandem.router.predict.placement import CLOSE_ENOUGH
 
-TANDEM_ROUTERS = ("tandem", "tandem-pd", "tandem-predictive", "tandem-pd-predictive")
-BEFORE = "@before"  # a Tandem router of this name's kind, run from `--before-tree`
-ROUTERS = (*TANDEM_ROUTERS, "sglang", "smg", "vllm", "vllm-pd", "llmd")
-PEER_ROUTERS = ("sglang", "smg", "vllm", "vllm-pd", "llmd")
+ROUTERS = (*TANDEM_ROUTERS, *PEER_ROUTERS)
 KV_BOTH = {"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_buffer_device": "cpu"}
 # Every engine can prefill for another or decode from one; the handoff moves metadata and costs
 # the profile's transfer time, not bytes (two cores cannot carry NIXL traffic of four engines).
@@ -248,10 +262,6 @@ def parse_slos(text: str) -> list[SLO]:
     return [SLO(ttft_ms=float(ttft), itl_ms=float(tpot)) for ttft, tpot in pairs]
 
 
-def slo_name(slo: SLO) -> str:
-    return f"{slo.ttft_ms / 1000:g}s/{slo.itl_ms:g}ms"
-
-
 def row_of(
     record: BenchRecord,
     slos: list[SLO],
@@ -300,7 +310,12 @@ def row_of(
 
 
 async def run_router(
-    name: str, pool: Pool, workload: Trace, slos: list[SLO], args: argparse.Namespace
+    name: str,
+    pool: Pool,
+    workload: Trace,
+    slos: list[SLO],
+    args: argparse.Namespace,
+    round_index: int = 0,
 ) -> dict[str, Any]:
     await reset_caches(pool.engines)
     router = Router(name, pool, args)
@@ -323,7 +338,9 @@ async def run_router(
         own = tandem_figures(await metrics_text(router.url)) if kind in TANDEM_ROUTERS else {}
         if args.explain and kind.endswith("-predictive") and router.proc is not None:
             lines = explained(router.proc.log_path.read_text())
-            path = Path(args.explain) / f"{name}-x{workload.speedup / args.speedup:g}.jsonl"
+            load = f"x{workload.speedup / args.speedup:g}"
+            of_round = f"-round{round_index + 1}" if args.rounds > 1 else ""
+            path = Path(args.explain) / f"{name}-{load}{of_round}.jsonl"
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text("".join(json.dumps(line) + "\n" for line in lines))
             own["term_mape"] = term_errors(lines)
@@ -356,176 +373,20 @@ async def metrics_text(url: str) -> str:
         return await response.text()
 
 
-_INDEX_BLOCKS = ("tandem_router_prefix_query_blocks_total", "tandem_router_prefix_hit_blocks_total")
-
-
-def tandem_figures(text: str) -> dict[str, Any]:
-    """What Tandem's router says of the run in its /metrics `text`: its P/D decisions, the share
-    of prompt blocks its index held on the engine it chose (at placement: what the router
-    expected to hit), and under the predictive policy the mean |observed - predicted| / observed
-    of each predicted quantity (`tandem_router_prediction_error_ratio`'s _sum / _count: the
-    MAPE)."""
-    totals: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:  # summed over the other labels (router processes)
-            if sample.name.startswith("tandem_router_prediction_error_ratio_"):
-                totals[sample.name][sample.labels["quantity"]] += sample.value
-            elif sample.name == "tandem_router_decisions_total":
-                totals[sample.name][sample.labels["decision"]] += sample.value
-            elif sample.name in _INDEX_BLOCKS:
-                totals[sample.name][sample.labels["index"]] += sample.value
-    sums = totals["tandem_router_prediction_error_ratio_sum"]
-    counts = totals["tandem_router_prediction_error_ratio_count"]
-    decisions = dict(totals["tandem_router_decisions_total"])
-    mape = {q: sums[q] / counts[q] for q in sums if counts[q]}
-    queried = sum(totals["tandem_router_prefix_query_blocks_total"].values())
-    hit = sum(totals["tandem_router_prefix_hit_blocks_total"].values())
-    figures: dict[str, Any] = {"decisions": decisions, "prediction_mape": mape}
-    if queried:
-        figures["router_hit_rate"] = hit / queried
-    return figures
-
-
-def explained(log: str) -> list[dict[str, Any]]:
-    """The predictive router's per-request `prediction {...}` debug lines (`Ticket.explain`)."""
-    marker = " prediction {"
-    return [
-        json.loads(line[line.index(marker) + len(marker) - 1 :])
-        for line in log.splitlines()
-        if marker in line
-    ]
-
-
-def term_errors(lines: list[dict[str, Any]]) -> dict[str, float]:
-    """Mean |observed - predicted| / observed of each term of the predicted TTFT over the
-    requests that have both: `ttft local`, `ttft pd` (upstream TTFT by route), `prefill` (the P/D
-    prefill), `handoff` (the wait on the decode engine plus the handoff, against the time from
-    the prefill's answer to the first byte) and `tpot`."""
-    pairs: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    for line in lines:
-        pairs[f"ttft {line['route']}"].append((line["ttft_ms"], line["ttft_obs_ms"]))
-        pairs["tpot"].append((line["tpot_ms"], line["tpot_obs_ms"]))
-        if line["route"] == "pd":
-            pairs["prefill"].append((line["prefill_ms"], line["prefill_obs_ms"]))
-            handoff = line["handoff_ms"] + line["wait_ms"]
-            pairs["handoff"].append((handoff, line["handoff_obs_ms"]))
-    out = {}
-    for term, found in pairs.items():
-        errors = [abs(o - p) / o for p, o in found if p is not None and o]
-        if errors:
-            out[term] = sum(errors) / len(errors)
-    return out
-
-
-def passed_over(lines: list[dict[str, Any]]) -> dict[str, float]:
-    """The cache hits the local picks passed over: for a request placed locally on an engine
-    where another candidate had more of its prompt cached, own(chosen) - min own over the
-    candidates, filed under `meet` when the probability the pick ranked by (P(TTFT ≤ T_ttft),
-    or P(meet) in the lines of a Tandem that logged no `ttft_meet`) was below its bar
-    (`placement.meet_bar`; the best - CLOSE_ENOUGH in the lines of a Tandem that logged no bar,
-    whose pick ranked by that band), else under `cost` (weighed, and dearer);
-    each as a fraction of all the requests' prompt tokens, with `placements` the number of such
-    picks."""
-    prompt = sum(line["prompt"] for line in lines) or 1
-    tokens = {"meet": 0.0, "cost": 0.0}
-    placements = 0
-    for line in lines:
-        candidates = line["candidates"]
-        if line["route"] != "local" or not candidates:
-            continue
-        chosen = next(c for c in candidates if c["engine"] == line["decode"])
-        cached = min(candidates, key=lambda c: c["own"])
-        if cached["own"] >= chosen["own"]:
-            continue
-        placements += 1
-        ranked = "ttft_meet" if "ttft_meet" in cached else "meet"
-        bar = line.get("meet_bar", max(c[ranked] for c in candidates) - CLOSE_ENOUGH)
-        tokens["meet" if cached[ranked] < bar else "cost"] += chosen["own"] - cached["own"]
-    return {"placements": placements, **{k: v / prompt for k, v in tokens.items()}}
-
-
-# -- report --------------------------------------------------------------------------------------
-
-
-def ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:.0f}"
-
-
-def print_table(title: str, rows: dict[str, dict[str, Any]], slos: list[SLO]) -> None:
-    print(f"\n{title}")
-    goodput_heads = "".join(f" {'good ' + slo_name(s):>15}" for s in slos)
-    print(
-        f"    {'router':<10} {'TTFT p50':>8} {'p90':>6} {'p99':>6} {'TPOT p50':>8} {'p99':>6}"
-        f"{goodput_heads} {'hit rate':>8} {'preempt':>7} {'max/mean':>8} {'failed':>6}"
-        f" {'req':>5}"
+def report_round(title: str, rows: Rows, slos: list[SLO], pool_bound: float | None) -> None:
+    """One round's table at one load, Tandem's own figures and its ratios to the best peer."""
+    first = next(iter(rows.values()))
+    offered = f"{first['offered_rps']:.1f} req/s offered" if first["offered_rps"] else ""
+    bound = (
+        f", unbounded-cache hit rate {first['bound_hit_rate']:.1%}"
+        if first["bound_hit_rate"] is not None
+        else ""
     )
-    for name, row in rows.items():
-        goodput = "".join(f" {row['goodput'][slo_name(s)]:15.3f}" for s in slos)
-        print(
-            f"    {name:<10} {ms(row['ttft_p50']):>8} {ms(row['ttft_p90']):>6} "
-            f"{ms(row['ttft_p99']):>6} {row['tpot_p50'] or 0:8.1f} {row['tpot_p99'] or 0:6.1f}"
-            f"{goodput} {row['hit_rate']:8.1%} {row['preemptions']:7.0f} "
-            f"{row['max_mean_load']:8.2f} {row['failed']:6d} "
-            f"{row['requests']:5d}"
-        )
-
-
-def ratios(rows: dict[str, dict[str, Any]], slos: list[SLO]) -> dict[str, dict[str, float]]:
-    """Each Tandem mode against the best peer on each figure: TTFT p50/p99 over the lowest
-    peer's (below 1 is better), goodput over the highest peer's (above 1 is better)."""
-    peers = [row for name, row in rows.items() if name in PEER_ROUTERS and row["requests"]]
-    out: dict[str, dict[str, float]] = {}
-    if not peers:
-        return out
-    for name, row in rows.items():
-        if router_kind(name) not in TANDEM_ROUTERS or not row:
-            continue
-        figures: dict[str, float] = {}
-        for key in ("ttft_p50", "ttft_p99"):
-            best = min(p[key] for p in peers if p[key] is not None)
-            figures[key] = row[key] / best if row[key] is not None and best else float("nan")
-        for slo in slos:
-            best = max(p["goodput"][slo_name(slo)] for p in peers)
-            figures[f"goodput {slo_name(slo)}"] = (
-                row["goodput"][slo_name(slo)] / best if best else float("nan")
-            )
-        out[name] = figures
-    return out
-
-
-def print_tandem_figures(rows: dict[str, dict[str, Any]]) -> None:
-    for name, row in rows.items():
-        if "decisions" not in row:
-            continue
-        decided = ", ".join(f"{k} {v:.0f}" for k, v in sorted(row["decisions"].items()))
-        mape = ", ".join(f"{k} {v:.1%}" for k, v in sorted(row["prediction_mape"].items()))
-        expected = row.get("router_hit_rate")
-        hit = f"; index hit rate {expected:.1%}" if expected is not None else ""
-        print(f"    {name}: decisions {decided or '-'}{hit}" + (f"; MAPE {mape}" if mape else ""))
-        if row.get("passed_over"):
-            over = row["passed_over"]
-            print(
-                f"      hits passed over: {over['placements']:.0f} placements,"
-                f" {over['meet'] + over['cost']:.1%} of prompt tokens (below the pick's bar"
-                f" {over['meet']:.1%}, dearer {over['cost']:.1%})"
-            )
-        if row.get("term_mape"):
-            terms = ", ".join(f"{k} {v:.1%}" for k, v in sorted(row["term_mape"].items()))
-            print(f"      MAPE by term: {terms}")
-
-
-def print_ratios(found: dict[str, dict[str, float]]) -> None:
-    for name, figures in found.items():
-        cells = ", ".join(f"{key.replace('_', ' ')} {value:.2f}x" for key, value in figures.items())
-        print(f"    {name} vs the best peer: {cells}")
-
-
-# -- main ----------------------------------------------------------------------------------------
-
-
-def router_kind(name: str) -> str:
-    """The router a `--routers` name runs: itself, or a Tandem router's `@before` variant's."""
-    return name.removesuffix(BEFORE)
+    if pool_bound is not None:
+        bound += f", one pool-sized LRU cache {pool_bound:.1%}"
+    print_table(f"{title} ({offered}{bound}); latencies in ms", rows, slos)
+    print_tandem_figures(rows)
+    print_ratios(ratios(rows, slos))
 
 
 def check_before_tree(names: list[str], tree: Path | None) -> None:
@@ -573,7 +434,7 @@ async def main_async(args: argparse.Namespace) -> int:
     started = datetime.now(UTC)
     load_before = os.getloadavg()
     pool = start_pool(args.engines, args.profile, args.blocks, args.speedup, args.max_model_len)
-    tables: dict[str, dict[str, dict[str, Any]]] = {}
+    rounds: dict[str, list[Rows]] = {}
     pool_bounds: dict[str, float | None] = {}
     try:
         await asyncio.gather(*(e.wait_ready("/health") for e in pool.engines))
@@ -588,12 +449,18 @@ async def main_async(args: argparse.Namespace) -> int:
                 warmup_requests=0,
                 max_duration_s=args.run_seconds,
             )
-            rows: dict[str, dict[str, Any]] = {}
             pool_bounds[f"x{load:g}"] = pool_cache_bound(workload, args)
-            for name in names:
-                rows[name] = await run_router(name, pool, workload, slos, args)
-                print(f"  {name} at x{load:g}: {json.dumps(rows[name])[:300]}", flush=True)
-            tables[f"x{load:g}"] = rows
+            rounds[f"x{load:g}"] = []
+            for round_index in range(args.rounds):
+                rows: Rows = {}
+                of_round = f", round {round_index + 1}" if args.rounds > 1 else ""
+                for name in round_order(names, round_index):
+                    rows[name] = await run_router(name, pool, workload, slos, args, round_index)
+                    print(
+                        f"  {name} at x{load:g}{of_round}: {json.dumps(rows[name])[:300]}",
+                        flush=True,
+                    )
+                rounds[f"x{load:g}"].append({name: rows[name] for name in names})
     finally:
         for engine in pool.engines:
             engine.stop()
@@ -612,21 +479,20 @@ async def main_async(args: argparse.Namespace) -> int:
         f"({args.profile}, speedup {args.speedup:g})"
     )
     found = {}
-    for load, rows in tables.items():
-        first = next(iter(rows.values()))
-        offered = f"{first['offered_rps']:.1f} req/s offered" if first["offered_rps"] else ""
-        bound = (
-            f", unbounded-cache hit rate {first['bound_hit_rate']:.1%}"
-            if first["bound_hit_rate"] is not None
-            else ""
-        )
-        if pool_bounds.get(load) is not None:
-            bound += f", one pool-sized LRU cache {pool_bounds[load]:.1%}"
-        print_table(f"{title}, arrivals {load} ({offered}{bound}); latencies in ms", rows, slos)
-        print_tandem_figures(rows)
-        found[load] = ratios(rows, slos)
-        print_ratios(found[load])
+    over_rounds: dict[str, dict[str, Any]] = {}
+    for load, measured in rounds.items():
+        for round_index, rows in enumerate(measured):
+            of_round = f", round {round_index + 1} of {args.rounds}" if args.rounds > 1 else ""
+            report_round(f"{title}, arrivals {load}{of_round}", rows, slos, pool_bounds.get(load))
+        found[load] = ratios(measured[0], slos)
+        if args.rounds > 1:
+            over_rounds[load] = {
+                "figures": round_figures(measured, slos),
+                "paired": paired_ratios(measured, slos),
+            }
+            print_rounds(args.rounds, **over_rounds[load])
     print(f"\nload average {load_text}")
+
     if args.json:
         record = {
             "method": "trace",
@@ -646,7 +512,9 @@ async def main_async(args: argparse.Namespace) -> int:
             "predictive_class": args.predictive_class,
             "pace_seeds": args.pace_seeds,
             "vllm_policy": router_bench.VLLM_POLICY,
-            "tables": tables,
+            "tables": {load: measured[0] for load, measured in rounds.items()},
+            "rounds": rounds if args.rounds > 1 else None,
+            "over_rounds": over_rounds or None,
             "pool_cache_hit_rate": pool_bounds,
             "ratios_to_best_peer": found,
             "load_average": load_text,
@@ -714,6 +582,13 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         help="another Tandem source tree: a router named KIND@before (a Tandem KIND) runs from it,"
         " a before/after pair in one run",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run every router this many times at each load, in reversed order every other"
+        " round, and report each figure's median and range and the ratios paired within a round",
     )
     parser.add_argument("--json", help="also write the tables to this file")
     return asyncio.run(main_async(parser.parse_args(argv)))

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from router_trace import check_before_tree, check_llmd_binaries, router_kind
+from router_trace import check_before_tree, check_llmd_binaries
+from router_trace_report import router_kind
 
 
 def test_llmd_binaries_are_checked_before_the_run(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from tandem.router.predict.predictor import Predictor
 from tandem.router.predict.slo import SloTarget
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from router_trace import passed_over
+from router_trace_tandem import passed_over
 
 
 def engine(name: str) -> Engine:
