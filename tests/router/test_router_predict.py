@@ -721,6 +721,33 @@ def test_ticket_holds_and_gives_back_and_teaches() -> None:
     assert ledger.prefills_open == 0
 
 
+def test_a_prefill_answer_teaches_its_engine_before_the_request_ends() -> None:
+    """An engine of unknown pace takes one request at a time only until that request's prefill
+    answers, not until its decode elsewhere ends: a slow decode pool would hold the prefill
+    engine idle that long."""
+    predictor = Predictor(config().scoring.predictive, RouterMetrics())
+    d, p = engine("d", "decode"), engine("p", "prefill")
+    target = SloTarget(1.0, 0.05, False)
+    keys = length_keys(False, 100, 2000, None)
+    output = predictor.lengths.predict(keys, 100)
+    inputs = PlacementInputs(2000, 16, {}, output, target, 0.5, 0.3, 1000.0, 1e6, 1000.0, 100.0)
+    behind(predictor.ledger(d), 30000)  # local is far behind: P/D is predicted faster
+    placement = place([d], [p], predictor.ledger, inputs, "auto")
+    assert placement.prefill is not None
+    ticket = predictor.ticket(placement, 2000, output, keys, target, True, 100.0)
+    ledger = predictor.ledger(p)
+    assert ledger.prefills_open == 1
+    assert place([d], [p], predictor.ledger, inputs, "auto").prefill is None  # one at a time
+    ticket.prefilled(handed_off=True, seconds=0.06)
+    assert ledger.costs.prefill.samples == 1
+    assert ledger.prefills_open == 0
+    assert place([d], [p], predictor.ledger, inputs, "auto").prefill is not None
+    ticket.first_byte(d, now=100.2, upstream_start=100.0, prefill_done=100.06)
+    ticket.finished(output_tokens=51, last_event=110.0)
+    assert ledger.costs.prefill.samples == 1  # taught once
+    assert ledger.prefills_open == 0
+
+
 def test_a_short_answer_teaches_and_scores_no_tpot() -> None:
     """Three tokens whose events came in one read: a TPOT near zero is not a step's cost."""
     metrics = RouterMetrics()

@@ -8,8 +8,9 @@ in the engine's order at its learned pace (`prefill_queue.py`); the work still a
 
 at the decode load of this router's streams there (their count and `stream_tokens`): the part of
 a request already computed no longer counts, and each first token observed corrects the replay.
-`prefills_open` counts this router's requests prefilled there that have not ended (the models
-learn from a request when it ends).
+`prefills_open` counts this router's requests prefilled there whose prefill has not taught its
+model yet (a P/D prefill's answer teaches when it comes; a local prefill's first byte, when the
+request ends).
 `streams`, `stream_tokens` and `stream_output_tokens` describe this router's requests decoding
 there (count, prompt plus half their predicted output, and predicted output); `claimed_tokens`
 the KV its requests sent there to decode still need before their first token (each one's
@@ -98,7 +99,7 @@ class EngineLedger:
         self._share = DecayedRate(share_window_s)  # prefill seconds placed here per second
         self._arrivals = DecayedRate(share_window_s)  # requests that joined its queue per second
         self.queue = PrefillQueue(costs.step_seeds(), lambda: costs.prefill.theta[1])
-        self.prefills_open = 0  # this router's requests prefilled here that have not ended yet
+        self.prefills_open = 0  # this router's prefills here not observed yet (module docstring)
         self.streams = 0
         self.stream_tokens = 0.0
         self.stream_output_tokens = 0.0

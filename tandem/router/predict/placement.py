@@ -92,9 +92,9 @@ its targets (T_ttft, T_tpot, `slo.py`) and block size B, with each engine's lear
     pool that is behind has a large backlog(p) or ahead(p): its TTFT_pd grows until local costs
     less, and the decode engines take prefills within budget.
   unknown pace: a prefill engine not yet observed (its prefill model still the seed) takes one
-    request at a time in mode auto: until a request prefilled there has ended (and taught its
-    pace) it is no P/D candidate while another is open, so a burst that arrives before the
-    first answer is not sent whole to an engine judged on its seed alone.
+    request at a time in mode auto: until a prefill there has answered (and taught its pace) it
+    is no P/D candidate while another is open, so a burst that arrives before the first answer
+    is not sent whole to an engine judged on its seed alone.
   re-probe: an engine is learned only from the work placed on it, so one judged slow would never
     be corrected; an engine is due (`due_for_probe`) when it is idle in every figure the router
     has (none of its prefill work open, nothing waiting or decoding there) and has been sent no

@@ -3,7 +3,9 @@ model, and the tickets through which the proxy reports what happened to each req
 
 A `Ticket` holds what the plan predicted and what it added to the ledgers, and takes it back as
 the request moves on (prefill answered, first byte, end); when the request ends, after its answer
-has left, each observation goes to the model that predicted it:
+has left, each observation goes to the model that predicted it, but for the P/D prefill's, which
+teaches the prefill engine's model when the prefill answers (an engine of unknown pace waits on
+it: `placement.pace_unknown_and_tried`):
 
     placed                  -> both engines' last placement time (the re-probe rule)
     placed, local           -> the decode engine's prefill share and stall clock: + its
@@ -213,7 +215,11 @@ class Ticket:
             self._kv_claim = 0.0
 
     def prefilled(self, handed_off: bool, seconds: float | None) -> None:
-        """The P/D prefill answered (`handed_off`: with a KV handoff the decode engine will pull)."""
+        """The P/D prefill answered (`handed_off`: with a KV handoff the decode engine will pull).
+
+        Its time teaches the prefill engine's model now, not when the request ends: until an
+        engine of unknown pace has been observed it takes one request at a time, and a request
+        whose decode is slow would hold the whole prefill engine that long."""
         if self.placement.prefill is None:
             return
         self._release_queue(computed=True)
@@ -221,6 +227,14 @@ class Ticket:
             self._prefill_s = seconds
             # nothing of this router's is prefilling on the decode engine as the handoff starts
             self._handoff_clean = not self.placement.decode.ledger.queue.open
+            self._learn_prefill()
+        self._close_prefill()
+
+    def _close_prefill(self) -> None:
+        prefilled_on = self._prefilled_on
+        if prefilled_on is not None:
+            prefilled_on.prefills_open -= 1
+            self._prefilled_on = None
 
     def first_byte(
         self, engine: Engine, now: float, upstream_start: float | None, prefill_done: float | None
@@ -248,12 +262,8 @@ class Ticket:
             log.debug("prediction %s", json.dumps(self.explain(output_tokens, last_event)))
         self._release_queue(computed=False)
         self._release_kv_claim()
-        self._learn_prefill()
+        self._close_prefill()
         ledger = self._stream_on
-        prefilled_on = self._prefilled_on
-        if prefilled_on is not None:
-            prefilled_on.prefills_open -= 1
-            self._prefilled_on = None
         if ledger is None:
             return
         self._stream_on = None
