@@ -743,6 +743,7 @@ def test_a_prefill_answer_teaches_its_engine_before_the_request_ends() -> None:
     assert ledger.prefills_open == 0
     assert place([d], [p], predictor.ledger, inputs, "auto").prefill is not None
     ticket.first_byte(d, now=100.2, upstream_start=100.0, prefill_done=100.06)
+    assert ticket.explain(51, 110.0)["prefill_obs_ms"] == 60.0  # still there for the debug line
     ticket.finished(output_tokens=51, last_event=110.0)
     assert ledger.costs.prefill.samples == 1  # taught once
     assert ledger.prefills_open == 0

@@ -51,7 +51,7 @@ from tandem.router.metrics import RouterMetrics
 from tandem.router.predict.cost_model import EngineCosts
 from tandem.router.predict.ledger import EngineLedger
 from tandem.router.predict.output_length import LengthKeys, LengthPrediction, OutputLengthModel
-from tandem.router.predict.placement import MAX_SHARE, Placement, stream_slack_s
+from tandem.router.predict.placement import MAX_SHARE, Placement, PrefillPick, stream_slack_s
 from tandem.router.predict.slo import SloTarget
 
 log = logging.getLogger(__name__)
@@ -220,14 +220,16 @@ class Ticket:
         Its time teaches the prefill engine's model now, not when the request ends: until an
         engine of unknown pace has been observed it takes one request at a time, and a request
         whose decode is slow would hold the whole prefill engine that long."""
-        if self.placement.prefill is None:
+        prefill = self.placement.prefill
+        if prefill is None:
             return
         self._release_queue(computed=True)
         if handed_off:
             self._prefill_s = seconds
             # nothing of this router's is prefilling on the decode engine as the handoff starts
             self._handoff_clean = not self.placement.decode.ledger.queue.open
-            self._learn_prefill()
+            if seconds is not None:
+                self._learn_prefill(prefill, seconds)
         self._close_prefill()
 
     def _close_prefill(self) -> None:
@@ -340,11 +342,7 @@ class Ticket:
             "first_byte_s": first,
         }
 
-    def _learn_prefill(self) -> None:
-        prefill, seconds = self.placement.prefill, self._prefill_s
-        if prefill is None or seconds is None:
-            return
-        self._prefill_s = None
+    def _learn_prefill(self, prefill: PrefillPick, seconds: float) -> None:
         ledger = prefill.ledger
         if prefill.ahead.tokens <= 0.0 and not prefill.open_ahead:
             ledger.costs.observe_prefill(prefill.own.tokens, prefill.own.pairs, seconds)
