@@ -84,11 +84,8 @@ from router_trace_report import (
     TANDEM_ROUTERS,
     Rows,
     paired_ratios,
-    print_ratios,
     print_rounds,
-    print_table,
-    print_tandem_figures,
-    ratios,
+    report_round,
     round_figures,
     round_order,
     router_kind,
@@ -373,22 +370,6 @@ async def metrics_text(url: str) -> str:
         return await response.text()
 
 
-def report_round(title: str, rows: Rows, slos: list[SLO], pool_bound: float | None) -> None:
-    """One round's table at one load, Tandem's own figures and its ratios to the best peer."""
-    first = next(iter(rows.values()))
-    offered = f"{first['offered_rps']:.1f} req/s offered" if first["offered_rps"] else ""
-    bound = (
-        f", unbounded-cache hit rate {first['bound_hit_rate']:.1%}"
-        if first["bound_hit_rate"] is not None
-        else ""
-    )
-    if pool_bound is not None:
-        bound += f", one pool-sized LRU cache {pool_bound:.1%}"
-    print_table(f"{title} ({offered}{bound}); latencies in ms", rows, slos)
-    print_tandem_figures(rows)
-    print_ratios(ratios(rows, slos))
-
-
 def check_before_tree(names: list[str], tree: Path | None) -> None:
     """`@before` names only Tandem routers, and only with a `--before-tree` that holds Tandem."""
     before = [name for name in names if name.endswith(BEFORE)]
@@ -478,13 +459,14 @@ async def main_async(args: argparse.Namespace) -> int:
         f"{args.engines} engines x {args.blocks} KV blocks "
         f"({args.profile}, speedup {args.speedup:g})"
     )
-    found = {}
+    found: dict[str, dict[str, dict[str, float]]] = {}
     over_rounds: dict[str, dict[str, Any]] = {}
     for load, measured in rounds.items():
         for round_index, rows in enumerate(measured):
             of_round = f", round {round_index + 1} of {args.rounds}" if args.rounds > 1 else ""
-            report_round(f"{title}, arrivals {load}{of_round}", rows, slos, pool_bounds.get(load))
-        found[load] = ratios(measured[0], slos)
+            title_of_round = f"{title}, arrivals {load}{of_round}"
+            round_ratios = report_round(title_of_round, rows, slos, pool_bounds.get(load))
+            found.setdefault(load, round_ratios)  # the first round's
         if args.rounds > 1:
             over_rounds[load] = {
                 "figures": round_figures(measured, slos),

@@ -5,7 +5,7 @@ paired ratios, one per round, whose spread is the machine's noise."""
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from tandem.bench.spec import SLO
@@ -51,26 +51,37 @@ def print_table(title: str, rows: dict[str, dict[str, Any]], slos: list[SLO]) ->
 
 
 def ratios(rows: dict[str, dict[str, Any]], slos: list[SLO]) -> dict[str, dict[str, float]]:
-    """Each Tandem mode against the best peer on each figure: TTFT p50/p99 over the lowest
-    peer's (below 1 is better), goodput over the highest peer's (above 1 is better)."""
+    """Each Tandem mode against the best peer on each figure (`relative` to `best_peer`)."""
     peers = [row for name, row in rows.items() if name in PEER_ROUTERS and row["requests"]]
-    out: dict[str, dict[str, float]] = {}
-    if not peers:
-        return out
-    for name, row in rows.items():
-        if router_kind(name) not in TANDEM_ROUTERS or not row:
-            continue
-        figures: dict[str, float] = {}
-        for key in ("ttft_p50", "ttft_p99"):
-            best = min(p[key] for p in peers if p[key] is not None)
-            figures[key] = row[key] / best if row[key] is not None and best else float("nan")
-        for slo in slos:
-            best = max(p["goodput"][slo_name(slo)] for p in peers)
-            figures[f"goodput {slo_name(slo)}"] = (
-                row["goodput"][slo_name(slo)] / best if best else float("nan")
-            )
-        out[name] = figures
-    return out
+    tandem = {n: row for n, row in rows.items() if router_kind(n) in TANDEM_ROUTERS and row}
+    if not peers or not tandem:
+        return {}
+    best = best_peer(peers, slos)
+    return {name: relative(row, best, slos) for name, row in tandem.items()}
+
+
+def best_peer(peers: list[dict[str, Any]], slos: list[SLO]) -> dict[str, Any]:
+    """The best of the peers figure by figure: the lowest TTFT p50 and p99, the highest goodput
+    of each SLO pair."""
+    return {
+        "ttft_p50": min(p["ttft_p50"] for p in peers if p["ttft_p50"] is not None),
+        "ttft_p99": min(p["ttft_p99"] for p in peers if p["ttft_p99"] is not None),
+        "goodput": {slo_name(slo): max(p["goodput"][slo_name(slo)] for p in peers) for slo in slos},
+    }
+
+
+def relative(row: dict[str, Any], reference: dict[str, Any], slos: list[SLO]) -> dict[str, float]:
+    """A row's TTFT p50/p99 over the reference's (below 1 is better) and its goodput of each SLO
+    pair over the reference's (above 1 is better); NaN where either has no figure."""
+    figures: dict[str, float] = {}
+    for key in ("ttft_p50", "ttft_p99"):
+        ref = reference[key]
+        figures[key] = row[key] / ref if row[key] is not None and ref else float("nan")
+    for slo in slos:
+        name = slo_name(slo)
+        ref = reference["goodput"][name]
+        figures[f"goodput {name}"] = row["goodput"][name] / ref if ref else float("nan")
+    return figures
 
 
 def print_tandem_figures(rows: dict[str, dict[str, Any]]) -> None:
@@ -100,6 +111,27 @@ def print_ratios(found: dict[str, dict[str, float]]) -> None:
         print(f"    {name} vs the best peer: {cells}")
 
 
+def report_round(
+    title: str, rows: Rows, slos: list[SLO], pool_bound: float | None
+) -> dict[str, dict[str, float]]:
+    """Prints one round's table at one load, Tandem's own figures and its ratios to the best
+    peer; returns those ratios."""
+    first = next(iter(rows.values()))
+    offered = f"{first['offered_rps']:.1f} req/s offered" if first["offered_rps"] else ""
+    bound = (
+        f", unbounded-cache hit rate {first['bound_hit_rate']:.1%}"
+        if first["bound_hit_rate"] is not None
+        else ""
+    )
+    if pool_bound is not None:
+        bound += f", one pool-sized LRU cache {pool_bound:.1%}"
+    print_table(f"{title} ({offered}{bound}); latencies in ms", rows, slos)
+    print_tandem_figures(rows)
+    found = ratios(rows, slos)
+    print_ratios(found)
+    return found
+
+
 # -- several rounds ------------------------------------------------------------------------------
 
 
@@ -109,16 +141,14 @@ def round_order(names: Sequence[str], round_index: int) -> list[str]:
     return list(names) if round_index % 2 == 0 else list(reversed(names))
 
 
-def figure_getters(slos: list[SLO]) -> dict[str, Callable[[dict[str, Any]], float | None]]:
-    """The figures summed up over rounds, by name."""
-    getters: dict[str, Callable[[dict[str, Any]], float | None]] = {
-        key: (lambda row, key=key: row[key])
-        for key in ("ttft_p50", "ttft_p90", "ttft_p99", "tpot_p50", "tpot_p99", "hit_rate")
-    }
-    for slo in slos:
-        name = slo_name(slo)
-        getters[f"goodput {name}"] = lambda row, name=name: row["goodput"][name]
-    return getters
+ROUND_FIGURES = ("ttft_p50", "ttft_p90", "ttft_p99", "tpot_p50", "tpot_p99", "hit_rate")
+
+
+def figure(row: dict[str, Any], key: str) -> Any:
+    """A row's figure by its key in `round_figures`: one of ROUND_FIGURES, or `goodput PAIR`."""
+    if key.startswith("goodput "):
+        return row["goodput"][key.removeprefix("goodput ")]
+    return row[key]
 
 
 def spread(values: Sequence[float]) -> Spread:
@@ -127,11 +157,12 @@ def spread(values: Sequence[float]) -> Spread:
 
 def round_figures(rounds: Sequence[Rows], slos: list[SLO]) -> dict[str, dict[str, Spread]]:
     """Per router, each figure's median, lowest and highest over the rounds that measured it."""
+    keys = [*ROUND_FIGURES, *(f"goodput {slo_name(slo)}" for slo in slos)]
     out: dict[str, dict[str, Spread]] = {}
     for name in rounds[0]:
         figures: dict[str, Spread] = {}
-        for key, get in figure_getters(slos).items():
-            values = [v for rows in rounds if (v := get(rows[name])) is not None]
+        for key in keys:
+            values = [v for rows in rounds if (v := figure(rows[name], key)) is not None]
             if values:
                 figures[key] = spread(values)
         out[name] = figures
@@ -163,17 +194,10 @@ def paired_ratios(rounds: Sequence[Rows], slos: list[SLO]) -> dict[str, dict[str
 
 
 def against(row: dict[str, Any], before: dict[str, Any], slos: list[SLO]) -> dict[str, float]:
-    """One round's figures of a router over those of its `@before` twin."""
-    figures: dict[str, float] = {}
-    for key in ("ttft_p50", "ttft_p99"):
-        if row[key] is not None and before[key]:
-            figures[key] = row[key] / before[key]
-    for slo in slos:
-        name = slo_name(slo)
-        if before["goodput"][name]:
-            figures[f"goodput {name}"] = row["goodput"][name] / before["goodput"][name]
-    figures["hit_rate points"] = 100.0 * (row["hit_rate"] - before["hit_rate"])
-    return figures
+    """One round's figures of a router relative to its `@before` twin's, and the difference of
+    their hit rates in points."""
+    points = 100.0 * (row["hit_rate"] - before["hit_rate"])
+    return relative(row, before, slos) | {"hit_rate points": points}
 
 
 def print_rounds(
