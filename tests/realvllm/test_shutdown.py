@@ -77,6 +77,20 @@ def _sigterm(engine: EngineProcess) -> float:
     return time.monotonic()
 
 
+def _sigterm_with_core_stopped(engine: EngineProcess, timeout_s: float = 30.0) -> float:
+    """`_sigterm` while the EngineCore is stopped, the core resumed once it is gone (in abort
+    mode the API server's process manager sends it SIGTERM and, its zero grace spent, SIGKILL)
+    or after `timeout_s`: no step runs between the signal and the API server acting on it,
+    however late a loaded machine lets the API server run (CI once saw the core, resumed before
+    the signal, decode all 1,700 tokens of both requests first)."""
+    sent = _sigterm(engine)
+    deadline = sent + timeout_s
+    while engine.core_pids() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    engine.resume_core()
+    return sent
+
+
 def _wait_exit(engine: EngineProcess, timeout_s: float) -> float:
     assert engine.proc is not None
     engine.proc.wait(timeout_s)
@@ -170,15 +184,14 @@ class InFlight:
 
 
 def _both_in_flight(engine: EngineProcess, timeout_s: float, attempts: int = 3) -> InFlight:
-    """A pair of LONG requests the engine runs together, its core resumed just now for the
-    caller's signal. A pair of which one ended before the engine held both (the plain request's
-    thread may send late on a loaded machine) is waited out and replaced."""
+    """A pair of LONG requests the engine runs together, its core left stopped for the caller's
+    signal. A pair of which one ended before the engine held both (the plain request's thread
+    may send late on a loaded machine) is waited out and replaced."""
     missed = []
     for _ in range(attempts):
         flight = InFlight(engine, timeout_s)
         assert flight.streaming.wait(60), flight.summary()
         if stop_core_while_running(engine, 2, ready=lambda: True, ended=flight.ended, timeout_s=60):
-            engine.resume_core()
             return flight
         flight.join(timeout_s + 10)
         missed.append(flight.summary())
@@ -217,6 +230,7 @@ def test_shutdown_timeout_drains_in_flight_requests_and_refuses_new_ones(
     engine = engines.decode
     assert _shutdown_timeout(engine) >= 60  # the operator's rendering (105 s by default)
     flight = _both_in_flight(engine, timeout_s=120)
+    engine.resume_core()
     sent = _sigterm(engine)
     time.sleep(0.5)
     during = _probe(engine)
@@ -282,14 +296,16 @@ def test_prefill_engine_on_sigterm_with_kv_awaiting_a_pull(engines: PDCluster) -
 
 def test_default_sigterm_loses_in_flight_requests(engines: PDCluster) -> None:
     """`--shutdown-timeout 0` (vLLM's default): the EngineCore is killed at once and the port
-    closes; no request in flight finishes. Racing the EngineCore's own abort against its SIGKILL,
-    the stream ends with `finish_reason: abort` (or an error event) and the plain request gets an
-    abort too, a 500 naming the EngineCore, or has its connection reset as the server exits; or
-    neither gets anything more, and the API server waits for its clients to give up (here a 40 s
-    read timeout: CI has seen an engine silent for 28 s on a loaded machine) before it exits."""
+    closes; no request in flight finishes. The signal comes while the core is stopped, and the
+    core resumes only once killed (`_sigterm_with_core_stopped`), so no step runs after the
+    signal: the stream ends with an error event (or `finish_reason: abort`, where the core's own
+    abort got out first) and the plain request gets an abort too, a 500 naming the EngineCore,
+    or has its connection reset as the server exits; or neither gets anything more, and the API
+    server waits for its clients to give up (here a 40 s read timeout: CI has seen an engine
+    silent for 28 s on a loaded machine) before it exits."""
     engine = engines.decode = _with(engines.decode, 0)
     flight = _both_in_flight(engine, timeout_s=40)
-    sent = _sigterm(engine)
+    sent = _sigterm_with_core_stopped(engine)
     time.sleep(5)
     alive_after_5_s = engine.alive()
     during = _probe(engine)
