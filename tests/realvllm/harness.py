@@ -469,9 +469,13 @@ class Router(TandemProcess):
             e.url: e.kv_events_replay
             for e in ([*static.prefill, *static.decode, *static.workers] if static else [])
         }
-        deadline = time.monotonic() + timeout_s
+        start = time.monotonic()
+        deadline = start + timeout_s
         last: dict[str, int] = {}
-        since = time.monotonic()
+        since = start
+        # (seconds into the wait, the router's, the engines') at every change of either: a
+        # timeout shows which side moved when
+        timeline: list[tuple[float, dict[str, int], dict[str, int]]] = []
         while time.monotonic() < deadline:
             seen = self.kv_seqs()
             # an engine without a replay endpoint: what the router has is all there is to go by
@@ -479,6 +483,8 @@ class Router(TandemProcess):
                 url: replayed(endpoint)[0][-1] if (endpoint := endpoints.get(url)) else seq
                 for url, seq in seen.items()
             }
+            if not timeline or timeline[-1][1:] != (seen, published):
+                timeline.append((round(time.monotonic() - start, 2), seen, published))
             if published != last:
                 last, since = published, time.monotonic()
             caught_up = all(seen[url] >= seq for url, seq in published.items())
@@ -490,7 +496,8 @@ class Router(TandemProcess):
         probes = {url: replay_probe(endpoint) for url, endpoint in endpoints.items()}
         raise TimeoutError(
             f"KV events did not settle: before {before}, published {last}, router's "
-            f"{self.kv_seqs()}; the engines' replay endpoints asked directly: {probes}; "
+            f"{self.kv_seqs()}; (s, router's, published) at each change: {timeline[-20:]}; "
+            f"the engines' replay endpoints asked directly: {probes}; "
             f"router's view: {self.engines()}; router log:\n{self.output()}"
         )
 
