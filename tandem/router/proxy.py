@@ -280,24 +280,58 @@ class CompletionProxy:
     # -- carrying a plan out -----------------------------------------------------------------
 
     async def _serve(self, call: Call, target: SloTarget | None) -> None:
+        """Plans the request and carries the plan out; when every decode engine refused it before
+        answering (a pool just put to sleep that the health checks had not caught yet), it waits
+        for an engine like a request that found none, and is planned and carried out once more."""
         t_route = time.perf_counter()
         features = await self.features(call.body, call.chat)
         self._charge_tenant(call, features)
         plan, index_name, predictive = self.plan(
             call.body, call.chat, call.request.headers, features, target
         )
-        metrics = self.metrics
         if plan is None and await self.scale_from_zero.wait_for_engine():
             plan, index_name, predictive = self.plan(
                 call.body, call.chat, call.request.headers, features, target
             )
         if plan is None:
             raise self.scale_from_zero.no_engine()
+        try:
+            await self._carry_out_predicted(call, features, plan, index_name, predictive, t_route)
+        except ClientError as exc:
+            gone = exc.status == 502 and not self.state.pool.candidates("decode")
+            if (
+                not gone
+                or call.responder.started
+                or not await self.scale_from_zero.wait_for_engine()
+            ):
+                raise
+            again, index_name, predictive = self.plan(
+                call.body, call.chat, call.request.headers, features, target
+            )
+            if again is None:
+                raise
+            await self._carry_out_predicted(
+                call, features, again, index_name, predictive, time.perf_counter()
+            )
+
+    async def _carry_out_predicted(
+        self,
+        call: Call,
+        features: Features,
+        plan: RoutePlan,
+        index_name: str,
+        predictive: PredictiveInputs | None,
+        t_route: float,
+    ) -> None:
+        """`_carry_out`; under the predictive policy first a 429 for a placement that sheds the
+        request, else a ticket of this plan's predictions (a request planned again gets a new
+        one: what a plan's engines learn and hold is that plan's), given back when it ends."""
         placement = plan.placement
         if placement is None or predictive is None:
-            await self._carry_out_waking(call, features, plan, index_name, t_route, target)
+            await self._carry_out(call, features, plan, index_name, t_route)
             return
         target = predictive.target
+        metrics = self.metrics
         if placement.shed:
             metrics.child(metrics.rejected, "slo").inc()
             metrics.child(metrics.requests, "none", "429").inc()
@@ -316,7 +350,7 @@ class CompletionProxy:
             predictive.now,
         )
         try:
-            await self._carry_out_waking(call, features, plan, index_name, t_route, target)
+            await self._carry_out(call, features, plan, index_name, t_route)
         finally:
             ticket.finished(call.output_tokens, call.last_event)
 
@@ -330,35 +364,6 @@ class CompletionProxy:
                 error_body(429, f"Tenant {call.tenant} is over its token rate; retry later."),
                 [("retry-after", str(retry_after))],
             )
-
-    async def _carry_out_waking(
-        self,
-        call: Call,
-        features: Features,
-        plan: RoutePlan,
-        index_name: str,
-        t_route: float,
-        target: SloTarget | None,
-    ) -> None:
-        """`_carry_out`; when every decode engine refused it before answering (a pool just put to
-        sleep that the health checks had not caught yet), it waits for an engine like a request
-        that found none, and is carried out once more on a new plan."""
-        try:
-            await self._carry_out(call, features, plan, index_name, t_route)
-        except ClientError as exc:
-            gone = exc.status == 502 and not self.state.pool.candidates("decode")
-            if (
-                not gone
-                or call.responder.started
-                or not await self.scale_from_zero.wait_for_engine()
-            ):
-                raise
-            again, index_name, _ = self.plan(
-                call.body, call.chat, call.request.headers, features, target
-            )
-            if again is None:
-                raise
-            await self._carry_out(call, features, again, index_name, time.perf_counter())
 
     async def _carry_out(
         self, call: Call, features: Features, plan: RoutePlan, index_name: str, t_route: float

@@ -5,10 +5,13 @@ Real router and emulator processes over 127.0.0.1."""
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import signal
 import time
+from typing import Any
 
 import httpx
+import pytest
 from router_harness import (
     DEBUG,
     ENGINE_ARGS,
@@ -52,6 +55,13 @@ def engine_on(port: int, role: str, speedup: str = "20", extra: tuple[str, ...] 
         "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side_channel),
     }
     return Proc(f"engine-{role}", args, port, env)
+
+
+def predictions(router: Router) -> list[dict[str, Any]]:
+    """The predictive policy's debug line of each ticket the router ended, oldest first."""
+    marker = "predictor: prediction "
+    lines = router.log_path.read_text(errors="replace").splitlines()
+    return [json.loads(line.split(marker, 1)[1]) for line in lines if marker in line]
 
 
 def post(url: str, prompt: str) -> httpx.Response:
@@ -108,15 +118,22 @@ def test_request_is_held_until_a_decode_engine_starts_then_served() -> None:
         router.stop()
 
 
-def test_a_request_refused_by_the_last_draining_engine_is_held_until_a_new_one_starts() -> None:
+@pytest.mark.parametrize("policy", ["weighted", "predictive"])
+def test_a_request_refused_by_the_last_draining_engine_is_held_until_a_new_one_starts(
+    policy: str,
+) -> None:
     """A pool going to zero: its last decode engine drains after SIGTERM (vLLM's refusal) while a
     request arrives. The router marks the engine draining, holds the request as one that found no
     engine (the held gauge wakes the pool), and serves it on the engine that starts next on the
-    same address, once the drained one has exited."""
+    same address, once the drained one has exited. Under the predictive policy the request is
+    predicted again on its new plan: the refused plan's ticket ends unanswered (its debug line has
+    no output) and a ticket of the new plan sees the answer."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     draining = engine_on(port, "decode", speedup="1", extra=("--shutdown-timeout", "60"))
-    router = Router(["--decode", url, "--engine-wait-seconds", "90"])
+    router = Router(
+        ["--decode", url, "--engine-wait-seconds", "90", "--policy", policy, "--log-level", "debug"]
+    )
     fresh: Proc | None = None
     try:
         draining.wait_ready()
@@ -169,6 +186,13 @@ def test_a_request_refused_by_the_last_draining_engine_is_held_until_a_new_one_s
         assert metric(text, "tandem_router_engine_wait_seconds_count", outcome="ready") >= 1
         assert metric(text, "tandem_router_engine_wait_seconds_count", outcome="timeout") == 0
         assert metric(text, "tandem_router_engine_wait_requests") == 0
+        if policy == "predictive":
+            # the first request's ticket, then the held request's: its refused plan's (and a
+            # plan refused again, if any) unanswered, its last plan's answered
+            outputs = [p["output"] for p in predictions(router)]
+            assert outputs[0], outputs
+            assert None in outputs[1:-1], outputs
+            assert outputs[-1], outputs
     finally:
         for proc in (fresh, draining):
             if proc is not None:
