@@ -455,6 +455,20 @@ class Router(TandemProcess):
             for e in self.engines()
         }
 
+    @staticmethod
+    def _published(
+        url: str, endpoints: dict[str, str | None], seen: dict[str, int], last: dict[str, int]
+    ) -> int:
+        """The newest batch engine `url` has published: its replay endpoint's last, or, for an
+        engine without one, what the router has (all there is to go by). An answer cut short
+        (no end marker within its bound) keeps the last full one's figure: a partial count would
+        look like the engine moving and restart the wait's quiet spell."""
+        endpoint = endpoints.get(url)
+        if endpoint is None:
+            return seen[url]
+        seqs, ended = replayed(endpoint)
+        return seqs[-1] if ended or url not in last else last[url]
+
     def wait_kv_events_settled(self, before: dict[str, int], timeout_s: float = 60.0) -> None:
         """Until the index has what the last request stored: the router has every batch each
         engine has published (the newest sequence number its replay endpoint holds) and the
@@ -478,11 +492,7 @@ class Router(TandemProcess):
         timeline: list[tuple[float, dict[str, int], dict[str, int]]] = []
         while time.monotonic() < deadline:
             seen = self.kv_seqs()
-            # an engine without a replay endpoint: what the router has is all there is to go by
-            published = {
-                url: replayed(endpoint)[0][-1] if (endpoint := endpoints.get(url)) else seq
-                for url, seq in seen.items()
-            }
+            published = {url: self._published(url, endpoints, seen, last) for url in seen}
             if not timeline or timeline[-1][1:] != (seen, published):
                 timeline.append((round(time.monotonic() - start, 2), seen, published))
             if published != last:
