@@ -4,6 +4,7 @@ request's path through the engine. Checking bodies is `validation`'s job, writin
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import time
@@ -111,6 +112,9 @@ class OpenAIServer:
 
     # ------------------------------------------------------------------ simple endpoints
     async def health(self, request: web.Request) -> web.Response:
+        delay = self.config.faults.health_delay_s
+        if delay and self.engine.scheduler.has_work():
+            await asyncio.sleep(delay)
         return web.Response(status=503 if self.engine.dead else 200)
 
     async def version(self, request: web.Request) -> web.Response:

@@ -182,6 +182,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="streams stop producing after N tokens (until the client disconnects)",
     )
     e.add_argument("--stall-rate", type=float, default=1.0, help="fraction of requests that stall")
+    e.add_argument(
+        "--health-delay",
+        type=float,
+        default=0.0,
+        help="seconds /health takes to answer while requests run (an API server too busy to "
+        "answer its probes)",
+    )
     e.add_argument("--fault-seed", type=int, default=0)
     e.add_argument(
         "--lora-swap-time",
@@ -323,6 +330,7 @@ def parse_args(argv: list[str]) -> tuple[EngineConfig, list[str], str]:
             slow_token_delay_s=ns.slow_token_delay,
             stall_after_tokens=ns.stall_after_tokens,
             stall_rate=ns.stall_rate,
+            health_delay_s=ns.health_delay,
             seed=ns.fault_seed,
         ),
     )

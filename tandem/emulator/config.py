@@ -59,6 +59,8 @@ class Faults(BaseModel):
     slow_token_delay_s: float = Field(0.0, ge=0)
     stall_after_tokens: int = Field(0, ge=0)
     stall_rate: float = Field(1.0, ge=0, le=1)
+    # an API server too busy to answer its probes: /health answers this late while requests run
+    health_delay_s: float = Field(0.0, ge=0)
     seed: int = 0
 
 

@@ -26,6 +26,9 @@ class Engine:
     in_flight: int = 0
     # Of those, requests whose first byte has not come back yet.
     pending: int = 0
+    # When a chunk of a decode stream from it last reached this router (perf_counter): an engine
+    # streaming now is alive, however long its /health takes to answer.
+    heard_at: float = float("-inf")
     # Scraped from the engine's /metrics (vllm:num_requests_waiting / _running / kv_cache_usage_perc).
     waiting: float = 0.0
     running: float = 0.0

@@ -34,6 +34,11 @@ class EngineMonitor:
 
     An engine is healthy while /health answers 200; one failed check marks it unhealthy (the proxy
     also marks an engine unhealthy at once on a refused connection) and the next good one restores it.
+    A /health that times out is no failure while a decode stream from the engine reached the
+    router within the probe's bound (`Engine.heard_at`): an API server too busy streaming to
+    answer its probe in time (seen for tens of seconds on a loaded CPU machine) would otherwise
+    turn its new requests into 503s while it serves the old ones; a stream that stalls too ends
+    this within the bound.
     A scrape whose connection is refused marks the engine unhealthy at once, as the proxy does.
     An engine the proxy saw draining stays out of the candidates until a health check fails or a
     scrape's connection is refused (it exited): a new process on its address is a candidate again.
@@ -98,6 +103,12 @@ class EngineMonitor:
                 await response.read()
                 ok = response.status == 200
                 reason = f"/health answered {response.status}"
+            except UpstreamTimeout as exc:
+                # streamed to us within the probe's bound: busy, not down
+                ok = time.perf_counter() - engine.heard_at <= self.timeout_s
+                reason = str(exc)
+                if ok:
+                    log.debug("engine %s streams but its /health timed out: busy", engine.id)
             except UpstreamError as exc:
                 ok, reason = False, str(exc)
             if ok != engine.healthy:

@@ -109,6 +109,7 @@ class Relay:
                     now = time.perf_counter()
                     itl.observe(now - last)
                     last = now
+                engine.heard_at = last
                 if counting:
                     events += chunk.count(b"data:")
                 await responder.write(chunk)
