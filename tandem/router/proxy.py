@@ -11,7 +11,6 @@ import itertools
 import logging
 import os
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -36,12 +35,12 @@ from tandem.router.draining import refused_while_draining
 from tandem.router.engines import Engine
 from tandem.router.errors import error_body, sse_error_event
 from tandem.router.features import Features
-from tandem.router.handoff import handoff_problem, prefill_body
 from tandem.router.httpserver import Request, Responder
 from tandem.router.lora import adapter_stream
 from tandem.router.predict.output_length import length_keys
 from tandem.router.predict.placement import retry_after_s
 from tandem.router.predict.slo import TPOT_HEADER, TTFT_HEADER, SloTarget, slo_target
+from tandem.router.prefill_leg import Handoff, PrefillLeg
 from tandem.router.relay import DecodeAnswer, Relay
 from tandem.router.state import RouterState
 from tandem.router.trust import ClientTrust
@@ -51,23 +50,13 @@ from tandem.router.wake import ScaleFromZero
 
 log = logging.getLogger("tandem.router.proxy")
 
-_decode_json = msgspec.json.Decoder().decode
 _encode_json = msgspec.json.Encoder().encode
-_RETRY_STATUSES = frozenset((502, 503, 504))
 _DECODE_ENGINES = 3  # engines of the ranking tried; decode_attempts may add one more try
 _QUEUE_FULL = {
     False: "The router's queue is full; retry later.",
     True: "The router's queue is full and requests ranked above this one took its place; "
     "retry later.",
 }
-
-
-@dataclass(frozen=True, slots=True)
-class Handoff:
-    """A prefill engine's answer that the decode engine may pull from."""
-
-    engine: Engine
-    params: dict[str, Any]
 
 
 class CompletionProxy:
@@ -84,6 +73,7 @@ class CompletionProxy:
         self._id_prefix = f"tdm-{os.urandom(6).hex()}-"
         self._ids = itertools.count(1)
         self.relay = Relay(self.metrics, self._upstream_failed)
+        self.prefill_leg = PrefillLeg(config, state.upstreams, self.metrics, self._upstream_failed)
         self.predictor = state.predictor
         self.scale_from_zero = ScaleFromZero(config, state.pool, self.metrics)
 
@@ -379,7 +369,11 @@ class CompletionProxy:
         timing.schedule_s = time.perf_counter() - t_route
         metrics.routing.observe(timing.schedule_s)
 
-        handoff = await self._prefill(call, plan.prefill_ranking) if plan.prefill_ranking else None
+        handoff = (
+            await self.prefill_leg.prefill(call, plan.prefill_ranking)
+            if plan.prefill_ranking
+            else None
+        )
         if call.ticket is not None:
             call.ticket.prefilled(handoff is not None, timing.prefill_s)
         reason = plan.reason
@@ -427,82 +421,6 @@ class CompletionProxy:
         if call.stripped:
             return _encode_json(call.body)
         return call.request.body  # no re-serialisation on the plain path
-
-    async def _prefill(self, call: Call, ranking: list[Any]) -> Handoff | None:
-        """Asks prefill engines in rank order; None to prefill on the decode engine instead.
-
-        An engine's 4xx is the client's mistake and goes back as sent (ClientError); a 5xx or a
-        broken connection tries the next engine; an answer naming another host is a 502.
-        """
-        metrics = self.metrics
-        timing = call.timing
-        payload = prefill_body(call.body)
-        headers = [("content-type", "application/json"), ("x-request-id", call.request_id)]
-        t0 = timing.upstream_start = time.perf_counter()
-        for attempt, choice in enumerate(ranking):
-            engine: Engine = choice.engine
-            if attempt:
-                metrics.child(metrics.retries, "prefill", "upstream").inc()
-            answer = await self._prefill_once(engine, call.request.path, payload, headers)
-            if answer is None:
-                continue
-            status, data = answer
-            if refused_while_draining(status, data):
-                engine.draining = True
-                metrics.child(metrics.upstream_errors, "prefill", engine.id, "draining").inc()
-                continue
-            if status in _RETRY_STATUSES:
-                metrics.child(metrics.upstream_errors, "prefill", engine.id, str(status)).inc()
-                continue
-            if 400 <= status < 500:
-                metrics.child(metrics.requests, "prefill", str(status)).inc()
-                raise ClientError(status, data)  # the request itself is wrong: vLLM's own words
-            if status != 200:
-                metrics.child(metrics.upstream_errors, "prefill", engine.id, str(status)).inc()
-                return None
-            now = time.perf_counter()
-            metrics.child(metrics.prefill, engine.id).observe(now - t0)
-            return self._checked_handoff(engine, data, timing, t0, now)
-        return None
-
-    async def _prefill_once(
-        self, engine: Engine, path: str, payload: bytes, headers: list[tuple[str, str]]
-    ) -> tuple[int, bytes] | None:
-        """One prefill request: (status, body), or None when the engine could not answer."""
-        engine.in_flight += 1
-        engine.pending += 1
-        try:
-            response = await self.state.upstreams.pool(engine.url).request(
-                "POST", path, payload, headers, self.config.timeouts.prefill_s
-            )
-            return response.status, await response.read()
-        except UpstreamError as exc:
-            self._upstream_failed("prefill", engine, exc)
-            return None
-        finally:
-            engine.in_flight -= 1
-            engine.pending -= 1
-
-    def _checked_handoff(
-        self, engine: Engine, data: bytes, timing: Timing, sent: float, answered: float
-    ) -> Handoff | None:
-        """The answer's kv_transfer_params if they name `engine`; a 502 if they name another host."""
-        try:
-            answer = _decode_json(data)
-        except msgspec.DecodeError:
-            answer = None
-        params = answer.get("kv_transfer_params") if isinstance(answer, dict) else None
-        if params is None:
-            log.warning("prefill engine %s returned no kv_transfer_params", engine.id)
-            return None  # not a kv_producer: prefill on the decode engine
-        problem = handoff_problem(params, engine)
-        if problem is not None:
-            self.metrics.child(self.metrics.handoff_rejected, engine.id).inc()
-            log.warning("prefill engine %s: handoff refused: %s", engine.id, problem)
-            raise ClientError(502, error_body(502, "the prefill engine's KV handoff was refused"))
-        timing.prefill_s = answered - sent  # only a prefill whose KV is handed off is a P/D stage
-        timing.prefill_done = answered
-        return Handoff(engine, params)
 
     def _upstream_failed(self, pool: str, engine: Engine, exc: UpstreamError) -> None:
         """Counts a failed upstream request; a refused connection marks the engine down at once
