@@ -20,6 +20,7 @@ from tandem.router.handoff import handoff_problem, prefill_body
 from tandem.router.metrics import RouterMetrics
 from tandem.router.upstream import UpstreamError, Upstreams
 
+# the proxy's logger: the leg's warnings kept their name when it moved out of proxy.py
 log = logging.getLogger("tandem.router.proxy")
 
 _decode_json = msgspec.json.Decoder().decode

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import os
@@ -276,13 +277,12 @@ class CompletionProxy:
         t_route = time.perf_counter()
         features = await self.features(call.body, call.chat)
         self._charge_tenant(call, features)
-        plan, index_name, predictive = self.plan(
-            call.body, call.chat, call.request.headers, features, target
+        plan_now = functools.partial(
+            self.plan, call.body, call.chat, call.request.headers, features, target
         )
+        plan, index_name, predictive = plan_now()
         if plan is None and await self.scale_from_zero.wait_for_engine():
-            plan, index_name, predictive = self.plan(
-                call.body, call.chat, call.request.headers, features, target
-            )
+            plan, index_name, predictive = plan_now()
         if plan is None:
             raise self.scale_from_zero.no_engine()
         try:
@@ -295,9 +295,7 @@ class CompletionProxy:
                 or not await self.scale_from_zero.wait_for_engine()
             ):
                 raise
-            again, index_name, predictive = self.plan(
-                call.body, call.chat, call.request.headers, features, target
-            )
+            again, index_name, predictive = plan_now()
             if again is None:
                 raise
             await self._carry_out_predicted(
