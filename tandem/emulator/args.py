@@ -72,6 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--max-num-seqs", type=int, default=1024)
     v.add_argument("--max-num-batched-tokens", type=int, default=8192)
     v.add_argument(
+        "--long-prefill-token-threshold",
+        type=int,
+        default=0,
+        help="the most prompt tokens one request computes in a step (0: no bound but the budget)",
+    )
+    v.add_argument(
         "--max-model-len", type=str, default=None, help="tokens; 1k/1K/1m suffixes allowed"
     )
     v.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
@@ -288,6 +294,7 @@ def parse_args(argv: list[str]) -> tuple[EngineConfig, list[str], str]:
         block_size=ns.block_size,
         max_num_seqs=ns.max_num_seqs,
         max_num_batched_tokens=ns.max_num_batched_tokens,
+        long_prefill_token_threshold=ns.long_prefill_token_threshold,
         max_model_len=parse_max_model_len(ns.max_model_len),
         enable_prefix_caching=ns.enable_prefix_caching,
         enable_chunked_prefill=ns.enable_chunked_prefill,

@@ -88,6 +88,9 @@ class EngineConfig(BaseModel):
     block_size: int = Field(16, ge=1)
     max_num_seqs: int = Field(1024, ge=1)
     max_num_batched_tokens: int = Field(8192, ge=1)
+    # vLLM's cap on one request's prompt tokens per step: a long prefill leaves room in each
+    # step's budget for the requests behind it (0: none)
+    long_prefill_token_threshold: int = Field(0, ge=0)
     max_model_len: int | None = None
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True

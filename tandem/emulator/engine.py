@@ -90,6 +90,7 @@ class EmulatedEngine:
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,
             max_model_len=self.max_model_len,
+            long_prefill_token_threshold=config.long_prefill_token_threshold,
             output_ids=tokenizer.output_ids,
             enable_chunked_prefill=config.enable_chunked_prefill,
             num_speculative_tokens=self.spec.num_speculative_tokens if self.spec else 0,

@@ -68,8 +68,11 @@ class Scheduler:
         static_batching: bool = False,
         seed: int = 0,
         max_loras: int | None = None,
+        long_prefill_token_threshold: int = 0,
     ) -> None:
         self.kv = kv
+        # --long-prefill-token-threshold: the most prompt tokens of one request per step (0: off)
+        self.long_prefill_token_threshold = long_prefill_token_threshold
         # --max-loras: adapters one step may run (None: LoRA off)
         self.max_loras = max_loras
         self.lora_waited = 0  # requests that waited for an adapter slot at least once
@@ -156,6 +159,7 @@ class Scheduler:
                 decode_context += computed
                 budget -= 1 + lookahead
                 continue
+            num_new = self._capped(num_new)
             if num_new > budget:
                 num_new = budget
             if num_new > max_len - 1 - computed:
@@ -235,7 +239,7 @@ class Scheduler:
                 hits, num_hit = kv.get_computed_blocks(request)
             else:
                 hits, num_hit = [], 0
-            num_new = request.num_tokens - request.num_computed_tokens - num_hit
+            num_new = self._capped(request.num_tokens - request.num_computed_tokens - num_hit)
             if num_new > budget:
                 if not self.enable_chunked_prefill:
                     break
@@ -258,6 +262,15 @@ class Scheduler:
         if skipped:
             waiting.extendleft(reversed(skipped))
         return admitted
+
+    def _capped(self, num_new: int) -> int:
+        """vLLM's long-prefill bound: at most --long-prefill-token-threshold prompt tokens of one
+        request in a step, when it is set and another request (running or waiting) could use the
+        rest of the budget."""
+        threshold = self.long_prefill_token_threshold
+        if not 0 < threshold < num_new or len(self.running) + len(self.waiting) <= 1:
+            return num_new
+        return threshold
 
     def _finish_remote_kv(self, request: EngineRequest) -> None:
         """The pulled prompt KV is in place: cache its full blocks and recompute only the last token.

@@ -40,6 +40,8 @@ def test_rendered_vllm_arguments_parse() -> None:
         "2",
         "--max-num-batched-tokens",
         "4096",
+        "--long-prefill-token-threshold",
+        "1024",
         "--dtype",
         "bfloat16",
         "--enforce-eager",
@@ -57,6 +59,7 @@ def test_rendered_vllm_arguments_parse() -> None:
     assert config.kv_events_config.topic == "kv-events"
     assert config.tensor_parallel_size == 2
     assert config.max_num_batched_tokens == 4096
+    assert config.long_prefill_token_threshold == 1024
     assert config.max_model_len == 32 * 1000
     assert config.gpu_memory_utilization == 0.9
     assert ignored == ["--dtype", "bfloat16", "--enforce-eager"]

@@ -85,6 +85,28 @@ def test_decodes_go_first_and_share_the_budget_with_a_prefill() -> None:
     assert batch.prefill_chunks == [(39, 0)]
 
 
+def test_a_long_prefill_leaves_room_in_each_step_under_the_threshold() -> None:
+    """vLLM's --long-prefill-token-threshold: one request computes at most that many prompt
+    tokens a step while another request is there, so one that comes behind a long prompt is
+    admitted beside it."""
+    s = make(budget=64, long_prefill_token_threshold=16)
+    s.add(request("long", list(range(200)), max_tokens=2))
+    batch = s.schedule()
+    assert list(batch.num_tokens) == [64]  # alone: nobody to leave room for
+    s.update(batch)
+    s.add(request("short", list(range(200, 210)), max_tokens=2))
+    batch = s.schedule()
+    assert [r.request_id for r in batch.requests] == ["long", "short"]
+    assert list(batch.num_tokens) == [16, 10]
+    unbounded = make(budget=64)
+    unbounded.add(request("long", list(range(200)), max_tokens=2))
+    unbounded.update(unbounded.schedule())
+    unbounded.add(request("short", list(range(200, 210)), max_tokens=2))
+    batch = unbounded.schedule()
+    assert [r.request_id for r in batch.requests] == ["long"]  # it takes the whole budget
+    assert list(batch.num_tokens) == [64]
+
+
 def test_max_num_seqs_caps_the_running_set() -> None:
     s = make(max_seqs=2, budget=1000)
     for i in range(4):
