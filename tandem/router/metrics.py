@@ -173,6 +173,16 @@ class RouterMetrics:
             "tandem_router_arrivals_total",
             "Requests received on the completion endpoints (scale to zero's activity signal).",
         )
+        self.handoffs_moved = CounterFamily(
+            "tandem_router_handoffs_moved_total",
+            "Predictive policy: P/D handoffs sent to another decode engine than planned, chosen "
+            "again when the prefill answered.",
+        )
+        self.prefills_held = CounterFamily(
+            "tandem_router_local_prefills_held_total",
+            "Predictive policy: local prefills of a whole step's budget held back (at most their "
+            "predicted stall) until the handoffs already sent to their engine landed.",
+        )
         self.prediction_error = HistogramFamily(
             "tandem_router_prediction_error_ratio",
             "Predictive policy: |observed - predicted| / observed per request (its _sum / _count "

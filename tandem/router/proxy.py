@@ -372,8 +372,15 @@ class CompletionProxy:
             if plan.prefill_ranking
             else None
         )
-        if call.ticket is not None:
-            call.ticket.prefilled(handoff is not None, timing.prefill_s)
+        ranking = [c.engine for c in plan.decode_ranking]
+        ticket = call.ticket
+        if ticket is not None:
+            if handoff is not None:
+                chosen = ticket.hand_off(self.state.pool.candidates("decode"), time.monotonic())
+                ranking = [chosen, *(e for e in ranking if e is not chosen)]
+            else:
+                await ticket.behind_pulls()
+            ticket.prefilled(handoff is not None, timing.prefill_s)
         reason = plan.reason
         if plan.route is Route.DISAGGREGATED and handoff is None:
             reason = Reason.FALLBACK  # every prefill engine failed: the decode engine prefills
@@ -381,10 +388,9 @@ class CompletionProxy:
             plan, features, call.body.get("n") or 1, handoff is not None
         )
         metrics.child(metrics.decisions, reason.value).inc()
-        self.remember(plan, features, None if handoff is None else handoff.engine)
-        ranking = [c.engine for c in plan.decode_ranking]
+        self.remember(features, ranking[0], None if handoff is None else handoff.engine)
         hit = f"{hit_blocks}/{total_blocks}"
-        with adapter_stream(plan.decode.engine.adapter_streams, features.adapter):
+        with adapter_stream(ranking[0].adapter_streams, features.adapter):
             if await self._decode(call, ranking, handoff, hit):
                 # The decode engine could not use the prefill's KV, or its connection broke
                 # before answering: once more, prefilling it on a decode engine.
@@ -401,13 +407,13 @@ class CompletionProxy:
             headers.append(("x-tandem-prefill-engine", handoff.engine.id))
         return headers
 
-    def remember(self, plan: RoutePlan, features: Features, prefill: Engine | None) -> None:
+    def remember(self, features: Features, decode: Engine, prefill: Engine | None) -> None:
         """Routing history for the approximate index, the blocks now pending on the chosen
         engines in the exact one (until their KV events confirm them)."""
         state = self.state
         if features.keys:
             pending = features.keys if state.use_exact and features.exact else ()
-            engines = [plan.decode.engine] if prefill is None else [prefill, plan.decode.engine]
+            engines = [decode] if prefill is None else [prefill, decode]
             for engine in engines:
                 state.approx_index.touch(engine.id, features.keys)
                 state.exact_index.add_pending(engine.id, pending)

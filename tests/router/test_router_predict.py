@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import math
 import random
+import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import pytest
 
@@ -24,10 +25,12 @@ from tandem.router.predict.output_length import (
     length_keys,
 )
 from tandem.router.predict.placement import (
+    Placement,
     PlacementInputs,
     Work,
     decode_candidate,
     due_for_probe,
+    handoff_decode,
     handoff_wait_s,
     kv_overflows,
     place,
@@ -36,7 +39,7 @@ from tandem.router.predict.placement import (
     stream_slack_s,
     through_first_token,
 )
-from tandem.router.predict.predictor import MIN_TPOT_TOKENS, Predictor
+from tandem.router.predict.predictor import MAX_HOLD_S, MIN_TPOT_TOKENS, Predictor, Ticket
 from tandem.router.predict.prefill_queue import QueuedPrefill
 from tandem.router.predict.slo import SloTarget, meet_probability, slo_class, slo_target
 from tandem.router.relay import completion_tokens
@@ -481,6 +484,28 @@ def test_local_costs_the_delay_it_adds_to_running_streams() -> None:
     assert place([d], [p], ledger_of, within_target, "auto").prefill is not None
 
 
+def test_local_costs_the_delay_it_adds_to_handoffs_on_their_way() -> None:
+    """A prompt prefilled elsewhere and pulled to d waits in d's queue for a local prefill's
+    chunks to leave room in a step's token budget, as long as a stream waits for them."""
+    _, ledger_of = ledger_table()
+    d, p = engine("d", "decode"), engine("p", "prefill")
+    behind(ledger_of(p), 6192)  # P/D: 221 ms, local 55 ms
+    within_target = inputs_for(2000, ttft_ms=500)
+    assert place([d], [p], ledger_of, within_target, "auto").prefill is None
+    ledger_of(d).handoffs_due = 4  # no stream decodes on d, four handoffs are on their way
+    placement = place([d], [p], ledger_of, within_target, "auto")
+    assert placement.prefill is not None
+    assert placement.candidates[0].waiters == 4
+    # between two decode engines alike but for the handoffs due, the local prefill goes where
+    # it holds none up
+    quiet = engine("quiet", "decode")
+    local = place([d, quiet], [], ledger_of, within_target, "auto")
+    assert local.decode.engine is quiet
+    assert local.candidates[0].cost - local.candidates[1].cost == pytest.approx(
+        4 * local.decode.stall_s
+    )
+
+
 def test_the_streams_delay_never_buys_a_p_d_wait_past_the_requests_own_target() -> None:
     _, ledger_of = ledger_table()
     d, p = engine("d", "decode"), engine("p", "prefill")
@@ -737,16 +762,160 @@ def test_a_prefill_answer_teaches_its_engine_before_the_request_ends() -> None:
     ticket = predictor.ticket(placement, 2000, output, keys, target, True, 100.0)
     ledger = predictor.ledger(p)
     assert ledger.prefills_open == 1
+    assert predictor.ledger(d).handoffs_due == 1  # on its way to d until its first byte
     assert place([d], [p], predictor.ledger, inputs, "auto").prefill is None  # one at a time
     ticket.prefilled(handed_off=True, seconds=0.06)
     assert ledger.costs.prefill.samples == 1
     assert ledger.prefills_open == 0
     assert place([d], [p], predictor.ledger, inputs, "auto").prefill is not None
     ticket.first_byte(d, now=100.2, upstream_start=100.0, prefill_done=100.06)
+    assert predictor.ledger(d).handoffs_due == 0
     assert ticket.explain(51, 110.0)["prefill_obs_ms"] == 60.0  # still there for the debug line
     ticket.finished(output_tokens=51, last_event=110.0)
     assert ledger.costs.prefill.samples == 1  # taught once
     assert ledger.prefills_open == 0
+
+
+@dataclass
+class HandedOff:
+    """A P/D request of 2,000 tokens planned onto the first of two decode engines alike."""
+
+    predictor: Predictor
+    planned: Engine
+    other: Engine
+    inputs: PlacementInputs
+    placement: Placement
+    ticket: Ticket
+
+
+def handed_off_between_two(metrics: RouterMetrics) -> HandedOff:
+    predictor = Predictor(config().scoring.predictive, metrics)
+    planned, other, p = engine("d1", "decode"), engine("d2", "decode"), engine("p", "prefill")
+    target = SloTarget(1.0, 0.05, False)
+    keys = length_keys(False, 100, 2000, None)
+    output = predictor.lengths.predict(keys, 100)
+    inputs = PlacementInputs(2000, 16, {}, output, target, 0.5, 0.3, 1000.0, 1e6, 1000.0, 100.0)
+    for decode in (planned, other):
+        behind(predictor.ledger(decode), 30000)  # local is far behind on both: P/D
+    placement = place([planned, other], [p], predictor.ledger, inputs, "auto")
+    assert placement.prefill is not None
+    assert placement.decode.engine is planned  # a tie: the first
+    ticket = predictor.ticket(placement, 2000, output, keys, target, True, 100.0)
+    return HandedOff(predictor, planned, other, inputs, placement, ticket)
+
+
+def test_a_handoff_goes_where_the_pool_is_free_when_its_prefill_answers() -> None:
+    """The decode engine is chosen again once the prompt's KV is ready to pull: a prefill placed
+    on the planned engine meanwhile would hold the handoff for its whole length."""
+    metrics = RouterMetrics()
+    case = handed_off_between_two(metrics)
+    predictor, planned, other = case.predictor, case.planned, case.other
+    placement, ticket = case.placement, case.ticket
+    assert placement.prefill is not None
+    # nothing changed by the time the prefill answers: the plan stands
+    assert handoff_decode(placement, [planned, other], predictor.ledger, 100.0)[0].engine is planned
+    assert predictor.ledger(planned).handoffs_due == 1
+    behind(predictor.ledger(planned), 16000)  # a long prefill placed there while p prefilled
+    assert handoff_decode(placement, [planned], predictor.ledger, 100.0)[0].engine is planned
+    chosen = ticket.hand_off([planned, other], now=100.0)
+    assert chosen is other
+    moved = ticket.placement
+    assert moved.decode.engine is other
+    assert moved.ranking == [other, planned]
+    assert moved.ttft_s == pytest.approx(
+        placement.prefill.ttft_s
+        + moved.handoff_wait_s
+        + predictor.ledger(other).costs.handoff_s(2000)
+    )
+    assert moved.handoff_wait_s < handoff_wait_s(
+        handoff_decode(placement, [planned], predictor.ledger, 100.0)[0], 0.0
+    )
+    for ledger, held in ((predictor.ledger(planned), 0), (predictor.ledger(other), 1)):
+        assert ledger.handoffs_due == held
+        assert ledger.claimed_tokens == 2000 * held
+    assert "tandem_router_handoffs_moved_total 1.0" in metrics.render().decode()
+    ticket.prefilled(handed_off=True, seconds=0.06)
+    ticket.first_byte(other, now=100.3, upstream_start=100.0, prefill_done=100.06)
+    assert predictor.ledger(other).handoffs_due == 0
+    assert predictor.ledger(other).streams == 1
+    ticket.finished(output_tokens=51, last_event=101.0)
+    # what it observed is scored against the plan as carried out, on the engine it ran on
+    text = metrics.render().decode()
+    assert 'tandem_router_prediction_error_ratio_count{quantity="ttft"} 1.0' in text
+    assert predictor.ledger(other).costs.step.samples == 1
+
+
+def test_a_handoff_stays_on_its_engine_when_no_other_is_healthy() -> None:
+    case = handed_off_between_two(RouterMetrics())
+    predictor, planned, other = case.predictor, case.planned, case.other
+    placement, ticket, inputs = case.placement, case.ticket, case.inputs
+    behind(predictor.ledger(planned), 16000)
+    assert ticket.hand_off([planned], now=100.0) is planned  # the other one went away
+    assert handoff_decode(placement, [], predictor.ledger, 100.0) is None
+    assert ticket.hand_off([], now=100.0) is planned  # none healthy: the plan's, to be retried
+    assert predictor.ledger(planned).handoffs_due == 1
+    assert predictor.ledger(planned).claimed_tokens == 2000
+    local = place([planned], [], predictor.ledger, inputs, "auto")
+    local_ticket = predictor.ticket(
+        local, 2000, inputs.output, case.ticket.keys, inputs.target, True, 100.0
+    )
+    assert local_ticket.hand_off([planned, other], now=100.0) is planned  # nothing to hand off
+
+
+async def test_a_long_local_prefill_waits_for_the_handoffs_sent_to_its_engine() -> None:
+    """A prefill that fills a whole step's budget goes to the engine after the prompts it is
+    pulling have their first token (vLLM would admit it while they pull and run it first), for
+    at most its own predicted stall; a shorter one, or one with nothing pulling there, goes at
+    once."""
+    metrics = RouterMetrics()
+    predictor = Predictor(config().scoring.predictive, metrics)
+    d, p = engine("d", "decode"), engine("p", "prefill")
+    target = SloTarget(5.0, 0.05, False)
+    keys = length_keys(False, 100, 2000, None)
+    output = predictor.lengths.predict(keys, 100)
+
+    def ticket_of(prompt: int, prefillers: list[Engine]) -> Ticket:
+        inputs = PlacementInputs(
+            prompt, 16, {}, output, target, 0.5, 0.3, 1000.0, 1e6, 1000.0, time.monotonic()
+        )
+        placement = place([d], prefillers, predictor.ledger, inputs, "auto")
+        return predictor.ticket(placement, prompt, output, keys, target, True, inputs.now)
+
+    ledger = predictor.ledger(d)
+
+    def handed_off_ticket() -> Ticket:
+        backlog = ledger.queue_work(time.monotonic(), 30000, 0.0)
+        ticket = ticket_of(2000, [p])
+        ledger.queue.withdraw(backlog)  # the backlog that made it P/D is gone
+        assert ticket.placement.prefill is not None
+        return ticket
+
+    handed_off = handed_off_ticket()
+    await ticket_of(20000, []).behind_pulls()  # nothing sent to d yet: at once
+    assert handed_off.hand_off([d], time.monotonic()) is d
+    handed_off.prefilled(handed_off=True, seconds=0.05)
+    assert ledger.handoffs_pulling == 1
+    await asyncio.wait_for(ticket_of(4000, []).behind_pulls(), 0.05)  # under one step: at once
+    long_local = ticket_of(20000, [])
+    assert long_local.placement.prefill is None
+    held = asyncio.create_task(long_local.behind_pulls())
+    await asyncio.sleep(0.05)
+    assert not held.done()
+    handed_off.first_byte(d, time.monotonic(), time.monotonic() - 0.1, time.monotonic() - 0.01)
+    await asyncio.wait_for(held, 0.05)
+    assert ledger.handoffs_pulling == 0
+    assert "tandem_router_local_prefills_held_total 1.0" in metrics.render().decode()
+    # a handoff that never lands holds it no longer than the stall it would impose
+    stuck = handed_off_ticket()
+    stuck.hand_off([d], time.monotonic())
+    bounded = ticket_of(20000, [])
+    started = time.monotonic()
+    await bounded.behind_pulls()
+    assert time.monotonic() - started == pytest.approx(
+        min(bounded.placement.decode.stall_s, MAX_HOLD_S), abs=0.05
+    )
+    stuck.finished(None, None)
+    assert ledger.pulls_landed.is_set()
 
 
 def test_a_short_answer_teaches_and_scores_no_tpot() -> None:
@@ -783,9 +952,13 @@ def test_ticket_of_an_abandoned_request_gives_back_its_queue() -> None:
     assert predictor.ledger(p).queue.tokens == 2000
     ticket.prefilled(handed_off=True, seconds=0.05)
     assert predictor.ledger(d).claimed_tokens == 2000  # the pull onto d has not happened yet
+    assert predictor.ledger(d).handoffs_due == 1
     ticket.finished(None, None)
     assert predictor.ledger(p).queue.tokens == 0
     assert predictor.ledger(d).claimed_tokens == 0
+    assert predictor.ledger(d).handoffs_due == 0
+    ticket.finished(None, None)  # a second end gives nothing back twice
+    assert predictor.ledger(d).handoffs_due == 0
 
 
 async def test_admission_serves_a_level_by_deadline() -> None:

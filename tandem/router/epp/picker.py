@@ -380,7 +380,7 @@ class EndpointPicker(ext_proc_grpc.ExternalProcessorServicer):  # type: ignore[m
         )
         metrics.child(metrics.decisions, reason.value).inc()
         metrics.routing.observe(time.perf_counter() - started)
-        proxy.remember(plan, features, prefill)
+        proxy.remember(features, plan.decode.engine, prefill)
         for engine in (decode, prefill):
             if engine is not None:
                 engine.in_flight += 1

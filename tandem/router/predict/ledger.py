@@ -14,7 +14,11 @@ request ends).
 `streams`, `stream_tokens` and `stream_output_tokens` describe this router's requests decoding
 there (count, prompt plus half their predicted output, and predicted output); `claimed_tokens`
 the KV its requests sent there to decode still need before their first token (each one's
-uncached prompt tokens there, local prefill or handoff, until its first byte).
+uncached prompt tokens there, local prefill or handoff, until its first byte); `handoffs_due`
+counts those of them prefilled elsewhere (P/D), whose handoff will join the engine's queue and
+wait behind any prefill placed there before it; `handoffs_pulling` those of them already sent to
+the engine (pulling their prompt's KV, or waiting for a step to compute its last token), and
+`pulls_landed` is set while there are none.
 `prefill_share` is the part of the engine's time that the prefills this router placed there take,
 an exponentially decayed sum of their predicted compute seconds s_i over a window w:
 
@@ -40,6 +44,7 @@ The squared log errors are exponentially weighted means of ln(observed / predict
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 import math
 
@@ -81,8 +86,11 @@ class EngineLedger:
         "_slack_keys",
         "claimed_tokens",
         "costs",
+        "handoffs_due",
+        "handoffs_pulling",
         "last_placed",
         "prefills_open",
+        "pulls_landed",
         "queue",
         "share_window_s",
         "stall_clock",
@@ -104,6 +112,10 @@ class EngineLedger:
         self.stream_tokens = 0.0
         self.stream_output_tokens = 0.0
         self.claimed_tokens = 0.0
+        self.handoffs_due = 0  # P/D requests to decode here, no first byte yet
+        self.handoffs_pulling = 0  # of them, those sent here
+        self.pulls_landed = asyncio.Event()
+        self.pulls_landed.set()
         self.stall_clock = 0.0  # S(t): every prefill's predicted stall placed here, summed
         self._slack_keys: list[float] = []  # a min-heap of the streams' keys b0 + S(t0)
         self._slack_ended: dict[float, int] = {}  # keys of ended streams still in the heap
@@ -178,6 +190,17 @@ class EngineLedger:
 
     def tpot_sigma(self) -> float:
         return max(math.sqrt(self.tpot_squared_log_error), MIN_SIGMA)
+
+    def pull_started(self) -> None:
+        """A handoff was sent here: the engine pulls its prompt's KV."""
+        self.handoffs_pulling += 1
+        self.pulls_landed.clear()
+
+    def pull_landed(self) -> None:
+        """That handoff's first token came, or it ended without one."""
+        self.handoffs_pulling -= 1
+        if not self.handoffs_pulling:
+            self.pulls_landed.set()
 
     def claim(self, tokens: float) -> None:
         """A request sent here to decode will need `tokens` of KV before its first token."""

@@ -47,8 +47,13 @@ its targets (T_ttft, T_tpot, `slo.py`) and block size B, with each engine's lear
   P(meet)  = Φ(ln(T_ttft / TTFT) / sigma_ttft) · Φ(ln(T_tpot / TPOT) / sigma_tpot)    (0 when d's KV is
              predicted to overflow: kv_usage(d) · (context(d) + its streams' remaining output +
              P + L90) / context(d) > 1, a preemption ahead)
-  cost     = TTFT + L · TPOT + streams(d) · stall  (its predicted end-to-end time plus the delay
-             its prefill adds to every stream decoding there)
+  cost     = TTFT + L · TPOT + waiters(d) · stall  (its predicted end-to-end time plus the delay
+             its prefill adds to every stream decoding there and every handoff on its way there)
+  waiters(d) = streams(d) + handoffs_due(d): the streams decoding on d, and this router's P/D
+             requests to decode on d whose first token has not come (`ledger.py`); a prefilled
+             prompt pulled to d joins its waiting queue and is admitted only in a step whose token
+             budget a running prefill's chunk has not taken, so it waits for the prefill placed
+             before it much as the streams do
   pick     = among candidates whose P(TTFT ≤ T_ttft) (0 on a KV overflow) ≥ min(best - 0.05,
              q), the lowest cost (ties to the higher rendezvous weight of the first block, which
              every replica shares; q = `meetProbability`): every candidate likely to meet the
@@ -78,7 +83,7 @@ its targets (T_ttft, T_tpot, `slo.py`) and block size B, with each engine's lear
     queued(e, s) = arrivals(e) · (backlog(e) + s) · s: a prefill of s seconds placed on e delays
                   by s each request that joins e's queue before it drains (arrivals: the requests
                   per second that joined e's queue lately, prefills and handoffs, `ledger.py`)
-    disaggregate ⇔ TTFT_pd + queued(p, s_p) ≤ TTFT_local + streams(d) · stall(d)
+    disaggregate ⇔ TTFT_pd + queued(p, s_p) ≤ TTFT_local + waiters(d) · stall(d)
                                               + queued(d, stall(d))       (less delay in all)
                      and (TTFT_pd ≤ TTFT_local or P(TTFT_pd ≤ T_ttft) ≥ q)
                    or streams(d) > 0 and (over budget or hurts) and P(TTFT_pd ≤ T_ttft) ≥ q
@@ -91,6 +96,11 @@ its targets (T_ttft, T_tpot, `slo.py`) and block size B, with each engine's lear
     target that only local meets is never given up for the streams' sake). A prefill
     pool that is behind has a large backlog(p) or ahead(p): its TTFT_pd grows until local costs
     less, and the decode engines take prefills within budget.
+  handoff (`handoff_decode`): when the P/D prefill answers, the decode engine is chosen again by
+    the same rule at that moment with TTFT_p = 0, among the plan's decode candidates still
+    healthy (the planned one first: a tie keeps it). vLLM admits a pulled prompt only in a step
+    whose token budget the running requests have left room in, so a long prefill placed on the
+    planned engine while the request prefilled elsewhere would hold it for its whole length.
   unknown pace: a prefill engine not yet observed (its prefill model still the seed) takes one
     request at a time in mode auto: until a prefill there has answered (and taught its pace) it
     is no P/D candidate while another is open, so a burst that arrives before the first answer
@@ -110,7 +120,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tandem.router.engines import Engine
 from tandem.router.predict.ledger import EngineLedger
@@ -163,6 +173,7 @@ class Candidate:
     share: float
     tpot_s: float
     streams: float
+    waiters: float  # streams + handoffs due: what its prefill delays (module docstring)
     context: float
     meet: float
     ttft_meet: float  # P(TTFT ≤ T_ttft), the factor of P(meet) the pick ranks by (0 on overflow)
@@ -195,6 +206,7 @@ class Placement:
     prefill_ranking: list[Engine]  # prefill engines, the chosen first; empty when local
     candidates: tuple[Candidate, ...]  # every decode engine's local prediction, as weighed
     meet_bar: float  # the P(TTFT ≤ T_ttft) a candidate needed to be weighed (`meet_bar`)
+    inputs: PlacementInputs  # what it was placed with (the handoff's decode engine is chosen again)
 
     @property
     def prefill_ledger(self) -> EngineLedger:
@@ -299,12 +311,14 @@ def decode_candidate(engine: Engine, ledger: EngineLedger, inputs: PlacementInpu
     overflows = kv_overflows(engine, ledger, context, prompt + output.p90)
     if overflows:
         meet = ttft_meet = 0.0
+    waiters = streams + ledger.handoffs_due
     return Candidate(
         engine, ledger, own, backlog, open_ahead, ahead, through, ttft, stall, share, tpot, streams,
+        waiters,
         context,
         meet,
         ttft_meet,
-        ttft + output.median * tpot + streams * stall,
+        ttft + output.median * tpot + waiters * stall,
         overflows,
         kv_wait,
     )  # fmt: skip
@@ -433,7 +447,7 @@ def place(
     else:
         pick = None
     if pick is not None:
-        decode, pd_wait, pd_ttft = pd_decode(separate, pick, inputs)
+        decode, pd_wait, pd_ttft = pd_decode(separate, pick.ttft_s, inputs)
         ledger = decode.ledger
         pd_ttft_meet = meet_probability(pd_ttft, target.ttft_s, ledger.ttft_sigma())
         if always or probe or _disaggregate(local, pick, pd_ttft, pd_ttft_meet, inputs):
@@ -451,26 +465,53 @@ def place(
         _first(prefill.engine, prefillers) if prefill is not None else [],
         tuple(candidates),
         bar,
+        inputs,
     )
 
 
 def pd_decode(
-    separate: Sequence[Candidate], pick: PrefillPick, inputs: PlacementInputs
+    separate: Sequence[Candidate], prefill_s: float, inputs: PlacementInputs
 ) -> tuple[Candidate, float, float]:
-    """The P/D decode engine after prefill pick p, its handoff wait and TTFT_pd: among the
-    candidates with KV room for the request (all of them when none has), the lowest
-    TTFT_pd(d) + L · TPOT(d), TTFT_pd(d) = TTFT_p + wait(d) + handoff_s_d(P) (module docstring)."""
+    """The P/D decode engine after a prefill of `prefill_s` (TTFT_p), its handoff wait and
+    TTFT_pd: among the candidates with KV room for the request (all of them when none has), the
+    lowest TTFT_pd(d) + L · TPOT(d), TTFT_pd(d) = TTFT_p + wait(d) + handoff_s_d(P) (module
+    docstring); ties to the first."""
     best: tuple[Candidate, float, float] | None = None
     best_cost = 0.0
     roomy = [c for c in separate if not c.overflows] or separate
     for candidate in roomy:
-        wait = handoff_wait_s(candidate, pick.ttft_s)
-        ttft = pick.ttft_s + wait + candidate.ledger.costs.handoff_s(inputs.prompt_tokens)
+        wait = handoff_wait_s(candidate, prefill_s)
+        ttft = prefill_s + wait + candidate.ledger.costs.handoff_s(inputs.prompt_tokens)
         cost = ttft + inputs.output.median * candidate.tpot_s
         if best is None or cost < best_cost:
             best, best_cost = (candidate, wait, ttft), cost
     assert best is not None
     return best
+
+
+def handoff_decode(
+    placement: Placement,
+    healthy: Sequence[Engine],
+    ledger_of: Callable[[Engine], EngineLedger],
+    now: float,
+) -> tuple[Candidate, float] | None:
+    """The decode engine a P/D request's handoff goes to once its prefill has answered, and its
+    wait there: `pd_decode` again at `now` with TTFT_p = 0 (the prompt's KV is ready to pull),
+    over the placement's decode candidates still in `healthy` (the planned one first, so a tie
+    keeps it); None when that leaves none. The pool moved on while the prefill ran: a prefill
+    placed on the planned engine since would hold the handoff for its whole length (a pulled
+    prompt is admitted only in a step whose token budget the running prefill's chunk has left
+    room in), while another engine may be free."""
+    inputs = replace(placement.inputs, now=now)
+    planned = placement.decode.engine
+    engines = [c.engine for c in placement.candidates if not c.engine.colocated]
+    engines.sort(key=lambda engine: engine is not planned)
+    serving = {e.id for e in healthy}
+    fresh = [decode_candidate(e, ledger_of(e), inputs) for e in engines if e.id in serving]
+    if not fresh:
+        return None
+    decode, wait, _ = pd_decode(fresh, 0.0, inputs)
+    return decode, wait
 
 
 def queue_delay_s(ledger: EngineLedger, backlog_s: float, compute_s: float, now: float) -> float:
@@ -489,7 +530,7 @@ def _disaggregate(
     """The P/D decision of mode auto (module docstring)."""
     q = inputs.meet_threshold
     now = inputs.now
-    local_delay = local.streams * local.stall_s + queue_delay_s(
+    local_delay = local.waiters * local.stall_s + queue_delay_s(
         local.ledger, local.backlog_s, local.stall_s, now
     )
     pd_compute = pick.ledger.costs.prefill_compute_s(pick.own.tokens, pick.own.pairs)

@@ -10,6 +10,11 @@ it: `placement.pace_unknown_and_tried`):
     placed                  -> both engines' last placement time (the re-probe rule)
     placed, local           -> the decode engine's prefill share and stall clock: + its
                                predicted stall
+    placed, P/D             -> the decode engine's handoffs due: + 1, until the first byte
+                               (or the end of a request that never had one)
+    P/D prefill answered    -> the decode engine chosen again (`hand_off`); its handoffs
+                               pulling: + 1, until the first byte (or the end)
+    sent local              -> waits for the handoffs pulling on its engine (`behind_pulls`)
     first byte              -> a stream on the decode engine, with slack
                                max(L - 1, 1) · (T_tpot - step_s(own streams + 1, their tokens))
     P/D prefill answered    -> prefill model of the prefill engine: (own work, prefill s)
@@ -39,10 +44,14 @@ its last, so it teaches only the P/D prefill model.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 import math
 import time
+from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from tandem.common.routing import PredictiveConfig
@@ -51,7 +60,13 @@ from tandem.router.metrics import RouterMetrics
 from tandem.router.predict.cost_model import EngineCosts
 from tandem.router.predict.ledger import EngineLedger
 from tandem.router.predict.output_length import LengthKeys, LengthPrediction, OutputLengthModel
-from tandem.router.predict.placement import MAX_SHARE, Placement, PrefillPick, stream_slack_s
+from tandem.router.predict.placement import (
+    MAX_SHARE,
+    Placement,
+    PrefillPick,
+    handoff_decode,
+    stream_slack_s,
+)
 from tandem.router.predict.slo import SloTarget
 
 log = logging.getLogger(__name__)
@@ -60,6 +75,7 @@ MEAN_WEIGHT = 0.02  # the running means of request sizes: a window of about 50 r
 # An answer of fewer tokens teaches and scores no TPOT: one or two gaps are mostly jitter, and a
 # short answer whose events arrive in one read shows a TPOT near zero (an error of ~100 %).
 MIN_TPOT_TOKENS = 4
+MAX_HOLD_S = 1.0  # the longest a local prefill waits for the handoffs sent to its engine
 
 
 class Predictor:
@@ -146,11 +162,13 @@ class Ticket:
         "_first_byte",
         "_first_engine",
         "_handoff_clean",
+        "_handoff_due",
         "_kv_claim",
         "_placed_at",
         "_prefill_done",
         "_prefill_s",
         "_prefilled_on",
+        "_pulling_on",
         "_queued",
         "_queued_on",
         "_slack_key",
@@ -190,8 +208,10 @@ class Ticket:
         queued_on.prefills_open += 1
         held = placement.prefill_work
         self._queued = queued_on.queue_work(now, held.tokens, held.pairs)
-        self._kv_claim = placement.decode.own.tokens
-        placement.decode.ledger.claim(self._kv_claim)
+        self._kv_claim = 0.0
+        self._handoff_due = False
+        self._pulling_on: EngineLedger | None = None
+        self._claim_decode()
         self._stream_on: EngineLedger | None = None
         self._slack_key = 0.0
         self._stream_tokens = prompt_tokens + output.median * 0.5
@@ -209,10 +229,75 @@ class Ticket:
             queued_on.work_done(time.monotonic(), self._queued, computed=computed)
             self._queued_on = None
 
-    def _release_kv_claim(self) -> None:
+    def _claim_decode(self) -> None:
+        """The decode engine waits for this request's prompt: its KV and, after a P/D prefill,
+        its handoff."""
+        decode = self.placement.decode
+        self._kv_claim = decode.own.tokens
+        decode.ledger.claim(self._kv_claim)
+        self._handoff_due = self.placement.prefill is not None
+        decode.ledger.handoffs_due += self._handoff_due
+
+    def _release_decode_claim(self) -> None:
+        """The decode engine no longer waits for this request's prompt: its KV and, after a P/D
+        prefill, its handoff."""
+        ledger = self.placement.decode.ledger
         if self._kv_claim:
-            self.placement.decode.ledger.unclaim(self._kv_claim)
+            ledger.unclaim(self._kv_claim)
             self._kv_claim = 0.0
+        if self._handoff_due:
+            ledger.handoffs_due -= 1
+            self._handoff_due = False
+        if self._pulling_on is not None:
+            self._pulling_on.pull_landed()
+            self._pulling_on = None
+
+    def hand_off(self, healthy: Sequence[Engine], now: float) -> Engine:
+        """The P/D prefill handed off its KV at `now`: the decode engine to pull it, chosen again
+        among the `healthy` ones (`placement.handoff_decode`). When that is another engine than
+        planned, the plan's decode part, handoff wait and TTFT become that engine's (its prefill
+        part as predicted), and what the request holds of the decode engine moves there."""
+        placement = self.placement
+        prefill = placement.prefill
+        if prefill is None:
+            return placement.decode.engine
+        self._release_decode_claim()  # its own claim is no load of the engines it weighs
+        chosen = handoff_decode(placement, healthy, self.predictor.ledger, now)
+        if chosen is not None and chosen[0].engine is not placement.decode.engine:
+            decode, wait = chosen
+            handoff_s = decode.ledger.costs.handoff_s(self.prompt_tokens)
+            self.placement = placement = replace(
+                placement,
+                decode=decode,
+                handoff_wait_s=wait,
+                ttft_s=prefill.ttft_s + wait + handoff_s,
+                ranking=[decode.engine, *(e for e in placement.ranking if e is not decode.engine)],
+            )
+            decode.ledger.joined(now)
+            self.predictor.metrics.handoffs_moved.inc()
+        self._claim_decode()
+        self._pulling_on = placement.decode.ledger
+        self._pulling_on.pull_started()
+        return placement.decode.engine
+
+    async def behind_pulls(self) -> None:
+        """A local prefill that fills a whole step's token budget (its uncached tokens at least
+        the chunk size C) waits for the handoffs already sent to its engine to land, for at most
+        its predicted stall: vLLM moves a pulled prompt out of the waiting queue while its KV
+        arrives and admits it only in a step with budget left, so a long prefill admitted
+        meanwhile would run first and hold every one of them for its whole length. Waiting w
+        costs this request w; not waiting costs each of them up to the stall."""
+        decode = self.placement.decode
+        ledger = decode.ledger
+        if (
+            self.placement.prefill is not None
+            or not ledger.handoffs_pulling
+            or decode.own.tokens < ledger.costs.chunk_tokens
+        ):
+            return
+        self.predictor.metrics.prefills_held.inc()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(ledger.pulls_landed.wait(), min(decode.stall_s, MAX_HOLD_S))
 
     def prefilled(self, handed_off: bool, seconds: float | None) -> None:
         """The P/D prefill answered (`handed_off`: with a KV handoff the decode engine will pull).
@@ -246,7 +331,7 @@ class Ticket:
         self._release_queue(
             computed=placement.prefill is None and engine is placement.decode.engine
         )
-        self._release_kv_claim()
+        self._release_decode_claim()
         self._first_byte = now
         self._first_engine = engine
         self._upstream_start = upstream_start
@@ -263,7 +348,7 @@ class Ticket:
         if log.isEnabledFor(logging.DEBUG):
             log.debug("prediction %s", json.dumps(self.explain(output_tokens, last_event)))
         self._release_queue(computed=False)
-        self._release_kv_claim()
+        self._release_decode_claim()
         self._close_prefill()
         ledger = self._stream_on
         if ledger is None:
@@ -304,6 +389,7 @@ class Ticket:
                     "ttft_ms": ms(c.ttft_s),
                     "tpot_ms": ms(c.tpot_s),
                     "streams": c.streams,
+                    "waiters": c.waiters,
                     "stall_ms": ms(c.stall_s),
                     "share": round(c.share, 3),
                     "meet": round(c.meet, 3),
