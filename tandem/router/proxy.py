@@ -39,7 +39,7 @@ from tandem.router.features import Features
 from tandem.router.httpserver import Request, Responder
 from tandem.router.lora import adapter_stream
 from tandem.router.predict.output_length import length_keys
-from tandem.router.predict.placement import retry_after_s
+from tandem.router.predict.placement import chosen_first, retry_after_s
 from tandem.router.predict.slo import TPOT_HEADER, TTFT_HEADER, SloTarget, slo_target
 from tandem.router.prefill_leg import Handoff, PrefillLeg
 from tandem.router.relay import DecodeAnswer, Relay
@@ -377,7 +377,7 @@ class CompletionProxy:
         if ticket is not None:
             if handoff is not None:
                 chosen = ticket.hand_off(self.state.pool.candidates("decode"), time.monotonic())
-                ranking = [chosen, *(e for e in ranking if e is not chosen)]
+                ranking = chosen_first(chosen, ranking)
             else:
                 await ticket.behind_pulls()
             ticket.prefilled(handoff is not None, timing.prefill_s)

@@ -413,7 +413,8 @@ def _best_prefill(
     return best, False
 
 
-def _first(chosen: Engine, engines: Sequence[Engine]) -> list[Engine]:
+def chosen_first(chosen: Engine, engines: Sequence[Engine]) -> list[Engine]:
+    """`engines` in their order with `chosen` moved to the front (added when absent)."""
     return [chosen, *(e for e in engines if e is not chosen)]
 
 
@@ -461,8 +462,8 @@ def place(
         wait,
         meet,
         target.sheddable and meet < q and probed is None and not probe,
-        _first(chosen.engine, decoders),
-        _first(prefill.engine, prefillers) if prefill is not None else [],
+        chosen_first(chosen.engine, decoders),
+        chosen_first(prefill.engine, prefillers) if prefill is not None else [],
         tuple(candidates),
         bar,
         inputs,

@@ -64,6 +64,7 @@ from tandem.router.predict.placement import (
     MAX_SHARE,
     Placement,
     PrefillPick,
+    chosen_first,
     handoff_decode,
     stream_slack_s,
 )
@@ -168,7 +169,7 @@ class Ticket:
         "_prefill_done",
         "_prefill_s",
         "_prefilled_on",
-        "_pulling_on",
+        "_pulling",
         "_queued",
         "_queued_on",
         "_slack_key",
@@ -210,7 +211,7 @@ class Ticket:
         self._queued = queued_on.queue_work(now, held.tokens, held.pairs)
         self._kv_claim = 0.0
         self._handoff_due = False
-        self._pulling_on: EngineLedger | None = None
+        self._pulling = False  # sent to the decode engine, no first byte yet
         self._claim_decode()
         self._stream_on: EngineLedger | None = None
         self._slack_key = 0.0
@@ -248,9 +249,9 @@ class Ticket:
         if self._handoff_due:
             ledger.handoffs_due -= 1
             self._handoff_due = False
-        if self._pulling_on is not None:
-            self._pulling_on.pull_landed()
-            self._pulling_on = None
+        if self._pulling:
+            ledger.pull_landed()
+            self._pulling = False
 
     def hand_off(self, healthy: Sequence[Engine], now: float) -> Engine:
         """The P/D prefill handed off its KV at `now`: the decode engine to pull it, chosen again
@@ -271,13 +272,13 @@ class Ticket:
                 decode=decode,
                 handoff_wait_s=wait,
                 ttft_s=prefill.ttft_s + wait + handoff_s,
-                ranking=[decode.engine, *(e for e in placement.ranking if e is not decode.engine)],
+                ranking=chosen_first(decode.engine, placement.ranking),
             )
             decode.ledger.joined(now)
             self.predictor.metrics.handoffs_moved.inc()
         self._claim_decode()
-        self._pulling_on = placement.decode.ledger
-        self._pulling_on.pull_started()
+        self._pulling = True
+        placement.decode.ledger.pull_started()
         return placement.decode.engine
 
     async def behind_pulls(self) -> None:
