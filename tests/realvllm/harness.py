@@ -43,6 +43,7 @@ BLOCK = 32  # the example's blockSize
 STARTUP_S = 240.0
 END_OF_REPLAY = (-1).to_bytes(8, "big", signed=True)  # vLLM's replay end marker
 TIER_CONNECT_S = 10.0  # the routers' connect and health timeout here (PDCluster.router)
+TIER_ENGINE_WAIT_S = 60.0  # how long the routers here hold a request for a decode engine
 
 # Meta-Llama-3-8B-Instruct's chat template (tokenizer_config.json on the Hugging Face Hub,
 # meta-llama/Meta-Llama-3-8B-Instruct): bos_token, header tokens, trimmed content.
@@ -625,10 +626,20 @@ class PDCluster:
         # What this tier tests is routing over real engines, not the monitor's verdict on an engine
         # silent for 2 s (the product's connect and health timeout): CI has seen this loaded
         # machine hold an engine's API server silent for 28 s, and a router that then marks it
-        # unhealthy routes around it.
+        # unhealthy routes around it. With the pair's one decode engine so marked a moment, a
+        # request waits for it (engineWaitSeconds, as for engines that restart) instead of
+        # getting the 503 of a pool with none.
         planned = self.plan.router_config
         timeouts = planned.timeouts.model_copy(update={"connect_s": TIER_CONNECT_S})
-        config = planned.model_copy(update={"port": free_port(), "timeouts": timeouts, **changes})
+        admission = planned.admission.model_copy(update={"engine_wait_s": TIER_ENGINE_WAIT_S})
+        config = planned.model_copy(
+            update={
+                "port": free_port(),
+                "timeouts": timeouts,
+                "admission": admission,
+                **changes,
+            }
+        )
         admin_port = free_port() if config.processes > 1 else None
         # The tests read the engines' addresses.
         trust = TrustConfig(trust_all_clients=True, admin_port=admin_port)

@@ -27,15 +27,8 @@ TOKENS = 8
 @pytest.fixture(scope="module")
 def router(pd_cluster: PDCluster) -> Iterator[Router]:
     pd_cluster.ensure_engines()
-    # One decode engine: when this loaded machine holds its API server silent past the health
-    # timeout, the router marks it unhealthy for a moment and, with nowhere else to go, would
-    # answer 503; a request waits for it instead, as requests wait for engines that restart.
-    admission = pd_cluster.plan.router_config.admission.model_copy(update={"engine_wait_s": 60.0})
     router = pd_cluster.router(
-        "router-predictive",
-        tokenizer=None,
-        scoring=ScoringConfig(policy="predictive"),
-        admission=admission,
+        "router-predictive", tokenizer=None, scoring=ScoringConfig(policy="predictive")
     )
     router.wait_engines_healthy(set())  # engines restarted by the file before are seen up first
     yield router
