@@ -506,6 +506,28 @@ def test_local_costs_the_delay_it_adds_to_handoffs_on_their_way() -> None:
     )
 
 
+def test_a_long_prompt_gives_up_its_target_to_keep_more_handoffs_within_theirs() -> None:
+    """A local prefill that fills every step's token budget holds each prompt pulled to its
+    engine until it ends: when that takes a handoff on its way there past its TTFT target, the
+    request goes P/D though P/D misses its own (one target kept for one expected to be lost)."""
+    _, ledger_of = ledger_table()
+    d, p = engine("d", "decode"), engine("p", "prefill")
+    behind(ledger_of(p), 6192)  # P/D: ~0.42 s, local: two steps, ~0.235 s
+    ledger = ledger_of(d)
+    ledger.handoffs_due = 1
+    inputs = inputs_for(9000, ttft_ms=300)
+    local = place([d], [p], ledger_of, inputs, "auto")
+    assert local.prefill is None  # local meets 300 ms, P/D would not
+    ledger.handoff_deadlines[1] = 100.0 + local.ttft_s + 0.01  # met even behind it
+    assert place([d], [p], ledger_of, inputs, "auto").prefill is None
+    ledger.handoff_deadlines[1] = 100.0 + local.ttft_s - 0.01  # taken past its target
+    moved = place([d], [p], ledger_of, inputs, "auto")
+    assert moved.prefill is not None
+    assert moved.ttft_s > 0.3
+    # a prompt within one step's budget leaves room in it for the pulled prompt: local
+    assert place([d], [p], ledger_of, inputs_for(8000, ttft_ms=300), "auto").prefill is None
+
+
 def test_the_streams_delay_never_buys_a_p_d_wait_past_the_requests_own_target() -> None:
     _, ledger_of = ledger_table()
     d, p = engine("d", "decode"), engine("p", "prefill")
@@ -815,6 +837,8 @@ def test_a_handoff_goes_where_the_pool_is_free_when_its_prefill_answers() -> Non
     # nothing changed by the time the prefill answers: the plan stands
     assert handoff_decode(placement, [planned, other], predictor.ledger, 100.0)[0].engine is planned
     assert predictor.ledger(planned).handoffs_due == 1
+    assert placement.ttft_s > 1.0  # behind the planned engine's backlog: no target to keep
+    assert not predictor.ledger(planned).handoff_deadlines
     behind(predictor.ledger(planned), 16000)  # a long prefill placed there while p prefilled
     assert handoff_decode(placement, [planned], predictor.ledger, 100.0)[0].engine is planned
     chosen = ticket.hand_off([planned, other], now=100.0)
@@ -891,8 +915,12 @@ async def test_a_long_local_prefill_waits_for_the_handoffs_sent_to_its_engine() 
         return ticket
 
     handed_off = handed_off_ticket()
+    # predicted to meet its 5 s: its deadline is one a long local prefill on d would weigh
+    deadline = handed_off.placement.inputs.now + 5.0
+    assert ledger.handoff_deadlines == {id(handed_off): deadline}
     await ticket_of(20000, []).behind_pulls()  # nothing sent to d yet: at once
     assert handed_off.hand_off([d], time.monotonic()) is d
+    assert not ledger.handoff_deadlines  # it pulls: the hold, not its deadline, protects it
     handed_off.prefilled(handed_off=True, seconds=0.05)
     assert ledger.handoffs_pulling == 1
     await asyncio.wait_for(ticket_of(4000, []).behind_pulls(), 0.05)  # under one step: at once

@@ -18,7 +18,9 @@ uncached prompt tokens there, local prefill or handoff, until its first byte); `
 counts those of them prefilled elsewhere (P/D), whose handoff will join the engine's queue and
 wait behind any prefill placed there before it; `handoffs_pulling` those of them already sent to
 the engine (pulling their prompt's KV, or waiting for a step to compute its last token), and
-`pulls_landed` is set while there are none.
+`pulls_landed` is set while there are none. `handoff_deadlines` holds, of those still prefilling
+elsewhere, the ones predicted to meet their TTFT target: each one's deadline (its placement time
+plus its target), so that a local prefill can count the targets it would take them past.
 `prefill_share` is the part of the engine's time that the prefills this router placed there take,
 an exponentially decayed sum of their predicted compute seconds s_i over a window w:
 
@@ -86,6 +88,7 @@ class EngineLedger:
         "_slack_keys",
         "claimed_tokens",
         "costs",
+        "handoff_deadlines",
         "handoffs_due",
         "handoffs_pulling",
         "last_placed",
@@ -114,6 +117,7 @@ class EngineLedger:
         self.claimed_tokens = 0.0
         self.handoffs_due = 0  # P/D requests to decode here, no first byte yet
         self.handoffs_pulling = 0  # of them, those sent here
+        self.handoff_deadlines: dict[int, float] = {}  # (module docstring), by request
         self.pulls_landed = asyncio.Event()
         self.pulls_landed.set()
         self.stall_clock = 0.0  # S(t): every prefill's predicted stall placed here, summed
@@ -190,6 +194,12 @@ class EngineLedger:
 
     def tpot_sigma(self) -> float:
         return max(math.sqrt(self.tpot_squared_log_error), MIN_SIGMA)
+
+    def handoffs_missed(self, until: float) -> int:
+        """The handoffs due here, still prefilling elsewhere and predicted to meet their TTFT
+        target, whose deadline comes before `until`: those a prefill holding the engine's step
+        budget until then takes past their target (`placement._disaggregate`)."""
+        return sum(1 for deadline in self.handoff_deadlines.values() if deadline < until)
 
     def pull_started(self) -> None:
         """A handoff was sent here: the engine pulls its prompt's KV."""

@@ -83,15 +83,23 @@ its targets (T_ttft, T_tpot, `slo.py`) and block size B, with each engine's lear
     queued(e, s) = arrivals(e) · (backlog(e) + s) · s: a prefill of s seconds placed on e delays
                   by s each request that joins e's queue before it drains (arrivals: the requests
                   per second that joined e's queue lately, prefills and handoffs, `ledger.py`)
+    missed(d)   = the handoffs due on d, still prefilling elsewhere and predicted to meet their
+                  TTFT target, whose deadline (placed + T_ttft) comes before t + TTFT_local; 0
+                  when the request's uncached tokens on d are fewer than the chunk size C (its
+                  prefill leaves room in each step's budget, and a pulled prompt needs one token
+                  of it): a prefill that fills every step holds each such handoff until it ends
     disaggregate ⇔ TTFT_pd + queued(p, s_p) ≤ TTFT_local + waiters(d) · stall(d)
                                               + queued(d, stall(d))       (less delay in all)
-                     and (TTFT_pd ≤ TTFT_local or P(TTFT_pd ≤ T_ttft) ≥ q)
+                     and (TTFT_pd ≤ TTFT_local or P(TTFT_pd ≤ T_ttft) ≥ q
+                          or P(TTFT_pd ≤ T_ttft) + missed(d) > P(TTFT_local ≤ T_ttft))
                    or streams(d) > 0 and (over budget or hurts) and P(TTFT_pd ≤ T_ttft) ≥ q
     with s_p = prefill_compute_s_p(own work on p) and q = `meetProbability`: P/D when it costs the
     pool less waiting (the streams decoding beside a local prefill, and the requests that will
     queue behind the prefill on either engine: a decode engine that takes every prefill it
     predicts it can also makes every handoff to it wait behind them) and the request itself
-    loses nothing by it or still meets its TTFT target, or when local prefill would take the
+    loses nothing by it, still meets its TTFT target, or gives up its target to keep more of
+    the handoffs' (the TTFT targets expected met: its own either way, and the handoffs' that
+    a local prefill would take past theirs), or when local prefill would take the
     streams decoding on d past their budget or target and P/D meets the TTFT target (so a TTFT
     target that only local meets is never given up for the streams' sake). A prefill
     pool that is behind has a large backlog(p) or ahead(p): its TTFT_pd grows until local costs
@@ -537,7 +545,9 @@ def _disaggregate(
     pd_compute = pick.ledger.costs.prefill_compute_s(pick.own.tokens, pick.own.pairs)
     pd_delay = queue_delay_s(pick.ledger, pick.backlog_s, pd_compute, now)
     if pd_ttft + pd_delay <= local.ttft_s + local_delay and (
-        pd_ttft <= local.ttft_s or pd_ttft_meet >= q
+        pd_ttft <= local.ttft_s
+        or pd_ttft_meet >= q
+        or pd_ttft_meet + handoffs_missed(local, now) > local.ttft_meet
     ):
         return True
     ledger = local.ledger
@@ -546,6 +556,15 @@ def _disaggregate(
     if local.streams <= 0 or not (over_budget or _hurts_running_streams(local)):
         return False
     return pd_ttft_meet >= q
+
+
+def handoffs_missed(local: Candidate, now: float) -> int:
+    """missed(d): the handoffs due on d that its local prefill takes past their TTFT target
+    (module docstring); none for a prefill that leaves room in every step's token budget."""
+    ledger = local.ledger
+    if local.own.tokens < ledger.costs.chunk_tokens:
+        return 0
+    return ledger.handoffs_missed(now + local.ttft_s)
 
 
 def _hurts_running_streams(local: Candidate) -> bool:

@@ -236,8 +236,11 @@ class Ticket:
         decode = self.placement.decode
         self._kv_claim = decode.own.tokens
         decode.ledger.claim(self._kv_claim)
-        self._handoff_due = self.placement.prefill is not None
+        placement = self.placement
+        self._handoff_due = placement.prefill is not None
         decode.ledger.handoffs_due += self._handoff_due
+        if self._handoff_due and not self._pulling and placement.ttft_s <= self.target.ttft_s:
+            decode.ledger.handoff_deadlines[id(self)] = placement.inputs.now + self.target.ttft_s
 
     def _release_decode_claim(self) -> None:
         """The decode engine no longer waits for this request's prompt: its KV and, after a P/D
@@ -248,6 +251,7 @@ class Ticket:
             self._kv_claim = 0.0
         if self._handoff_due:
             ledger.handoffs_due -= 1
+            ledger.handoff_deadlines.pop(id(self), None)
             self._handoff_due = False
         if self._pulling:
             ledger.pull_landed()
@@ -276,8 +280,8 @@ class Ticket:
             )
             decode.ledger.joined(now)
             self.predictor.metrics.handoffs_moved.inc()
-        self._claim_decode()
         self._pulling = True
+        self._claim_decode()
         placement.decode.ledger.pull_started()
         return placement.decode.engine
 
