@@ -198,7 +198,7 @@ class EngineLedger:
     def handoffs_missed(self, until: float) -> int:
         """The handoffs due here, still prefilling elsewhere and predicted to meet their TTFT
         target, whose deadline comes before `until`: those a prefill holding the engine's step
-        budget until then takes past their target (`placement._disaggregate`)."""
+        budget until then takes past their target (`placement.handoffs_missed`)."""
         return sum(1 for deadline in self.handoff_deadlines.values() if deadline < until)
 
     def pull_started(self) -> None:

@@ -232,11 +232,11 @@ class Ticket:
 
     def _claim_decode(self) -> None:
         """The decode engine waits for this request's prompt: its KV and, after a P/D prefill,
-        its handoff."""
-        decode = self.placement.decode
+        its handoff (with its deadline while it prefills elsewhere predicted to meet it)."""
+        placement = self.placement
+        decode = placement.decode
         self._kv_claim = decode.own.tokens
         decode.ledger.claim(self._kv_claim)
-        placement = self.placement
         self._handoff_due = placement.prefill is not None
         decode.ledger.handoffs_due += self._handoff_due
         if self._handoff_due and not self._pulling and placement.ttft_s <= self.target.ttft_s:
