@@ -503,9 +503,10 @@ def handoff_decode(
     healthy: Sequence[Engine],
     ledger_of: Callable[[Engine], EngineLedger],
     now: float,
-) -> tuple[Candidate, float] | None:
-    """The decode engine a P/D request's handoff goes to once its prefill has answered, and its
-    wait there: `pd_decode` again at `now` with TTFT_p = 0 (the prompt's KV is ready to pull),
+) -> tuple[Candidate, float, float] | None:
+    """The decode engine a P/D request's handoff goes to once its prefill has answered, its wait
+    there and the handoff's time to the first token (wait + handoff_s_d(P)): `pd_decode` again at
+    `now` with TTFT_p = 0 (the prompt's KV is ready to pull),
     over the placement's decode candidates still in `healthy` (the planned one first, so a tie
     keeps it); None when that leaves none. The pool moved on while the prefill ran: a prefill
     placed on the planned engine since would hold the handoff for its whole length (a pulled
@@ -519,8 +520,7 @@ def handoff_decode(
     fresh = [decode_candidate(e, ledger_of(e), inputs) for e in engines if e.id in serving]
     if not fresh:
         return None
-    decode, wait, _ = pd_decode(fresh, 0.0, inputs)
-    return decode, wait
+    return pd_decode(fresh, 0.0, inputs)
 
 
 def queue_delay_s(ledger: EngineLedger, backlog_s: float, compute_s: float, now: float) -> float:
@@ -558,13 +558,18 @@ def _disaggregate(
     return pd_ttft_meet >= q
 
 
+def fills_step_budget(local: Candidate) -> bool:
+    """Its uncached tokens on the engine are at least the chunk size C: while its prefill runs,
+    no step leaves budget for a pulled prompt's last token."""
+    return local.own.tokens >= local.ledger.costs.chunk_tokens
+
+
 def handoffs_missed(local: Candidate, now: float) -> int:
     """missed(d): the handoffs due on d that its local prefill takes past their TTFT target
     (module docstring); none for a prefill that leaves room in every step's token budget."""
-    ledger = local.ledger
-    if local.own.tokens < ledger.costs.chunk_tokens:
+    if not fills_step_budget(local):
         return 0
-    return ledger.handoffs_missed(now + local.ttft_s)
+    return local.ledger.handoffs_missed(now + local.ttft_s)
 
 
 def _hurts_running_streams(local: Candidate) -> bool:

@@ -65,6 +65,7 @@ from tandem.router.predict.placement import (
     Placement,
     PrefillPick,
     chosen_first,
+    fills_step_budget,
     handoff_decode,
     stream_slack_s,
 )
@@ -269,13 +270,12 @@ class Ticket:
         self._release_decode_claim()  # its own claim is no load of the engines it weighs
         chosen = handoff_decode(placement, healthy, self.predictor.ledger, now)
         if chosen is not None and chosen[0].engine is not placement.decode.engine:
-            decode, wait = chosen
-            handoff_s = decode.ledger.costs.handoff_s(self.prompt_tokens)
+            decode, wait, handoff_ttft = chosen
             self.placement = placement = replace(
                 placement,
                 decode=decode,
                 handoff_wait_s=wait,
-                ttft_s=prefill.ttft_s + wait + handoff_s,
+                ttft_s=prefill.ttft_s + handoff_ttft,
                 ranking=chosen_first(decode.engine, placement.ranking),
             )
             decode.ledger.joined(now)
@@ -297,7 +297,7 @@ class Ticket:
         if (
             self.placement.prefill is not None
             or not ledger.handoffs_pulling
-            or decode.own.tokens < ledger.costs.chunk_tokens
+            or not fills_step_budget(decode)
         ):
             return
         self.predictor.metrics.prefills_held.inc()
