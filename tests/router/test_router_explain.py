@@ -14,7 +14,7 @@ from tandem.router.engines import Engine
 from tandem.router.metrics import RouterMetrics
 from tandem.router.predict.output_length import length_keys
 from tandem.router.predict.placement import PlacementInputs, place
-from tandem.router.predict.predictor import Predictor
+from tandem.router.predict.predictor import MIN_TPOT_TOKENS, Predictor
 from tandem.router.predict.slo import SloTarget
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
@@ -78,3 +78,23 @@ def test_passed_over_files_each_lost_hit_under_its_reason() -> None:
     over = passed_over(lines)
     assert over["meet"] == pytest.approx(1900 / 4000)
     assert over["cost"] == 0.0
+
+
+def test_the_explain_line_gives_the_tpot_the_router_scores() -> None:
+    """(last event - first byte) / (events - 1), as the router's TPOT error counts it: none for an
+    answer of fewer than MIN_TPOT_TOKENS events, whose gaps are jitter (or ~0 in one read)."""
+    predictor = Predictor(PredictiveConfig(), RouterMetrics())
+    a = engine("a")
+    line = explain_line(predictor, [a], {})
+    assert line["tpot_obs_ms"] == pytest.approx(400 / 19, abs=1e-3)  # 20 events over 0.4 s
+    keys = length_keys(False, 100, 2000, None)
+    output = predictor.lengths.predict(keys, 100)
+    target = SloTarget(2.0, 0.1, False)
+    inputs = PlacementInputs(2000, 16, {}, output, target, 0.5, 0.3, 1000.0, 1e6, 1000.0, 100.0)
+    placement = place([a], [], predictor.ledger, inputs, "auto")
+    ticket = predictor.ticket(placement, 2000, output, keys, target, True, 100.0)
+    ticket.first_byte(a, now=100.2, upstream_start=100.0, prefill_done=None)
+    ticket.finished(output_tokens=MIN_TPOT_TOKENS - 1, last_event=100.20005)
+    assert ticket.explain(MIN_TPOT_TOKENS - 1, 100.20005)["tpot_obs_ms"] is None
+    assert ticket.explain(MIN_TPOT_TOKENS, 100.2)["tpot_obs_ms"] is None  # all in one read
+    assert ticket.explain(MIN_TPOT_TOKENS, 100.23)["tpot_obs_ms"] == pytest.approx(10.0)

@@ -155,6 +155,23 @@ class Predictor:
         return math.log(observed / predicted)
 
 
+def observed_tpot_s(
+    first_byte: float | None, last_event: float | None, output_tokens: int | None
+) -> float | None:
+    """(last event - first byte) / (output events - 1), the TPOT the router learns from and
+    scores; None without both clock readings, below MIN_TPOT_TOKENS events, or when every event
+    came at once."""
+    if (
+        first_byte is None
+        or last_event is None
+        or output_tokens is None
+        or output_tokens < MIN_TPOT_TOKENS
+        or last_event <= first_byte
+    ):
+        return None
+    return (last_event - first_byte) / (output_tokens - 1)
+
+
 class Ticket:
     """One request's predictions and its share of the ledgers (module docstring). The ledgers
     change as the request moves on; the models learn only at `finished`, after the answer has
@@ -377,9 +394,7 @@ class Ticket:
         decode, prefill = placement.decode, placement.prefill
         part = prefill if prefill is not None else decode
         first, start, done = self._first_byte, self._upstream_start, self._prefill_done
-        tpot = None
-        if first is not None and last_event is not None and output_tokens and output_tokens > 1:
-            tpot = (last_event - first) / (output_tokens - 1)
+        tpot = observed_tpot_s(first, last_event, output_tokens)
 
         def ms(seconds: float | None) -> float | None:
             return None if seconds is None else round(seconds * 1e3, 3)
@@ -471,15 +486,9 @@ class Ticket:
         predictor.observe_error("output_tokens_mean", lengths.mean_tokens, output_tokens)
         predictor.observe_error("output_tokens", self.output.median, output_tokens)
         lengths.observe(self.keys, self.output, output_tokens)
-        first = self._first_byte
-        if (
-            output_tokens < MIN_TPOT_TOKENS
-            or last_event is None
-            or first is None
-            or last_event <= first
-        ):
+        tpot = observed_tpot_s(self._first_byte, last_event, output_tokens)
+        if tpot is None:
             return
-        tpot = (last_event - first) / (output_tokens - 1)
         decode = self.placement.decode
         if ledger is decode.ledger:
             # the step the prediction divided by (1 - share): the sample without that slowdown
