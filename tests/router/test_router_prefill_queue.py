@@ -105,7 +105,10 @@ def test_a_replay_that_ran_ahead_keeps_its_entries_open_and_learns_a_slower_pace
     a = q.add(0.0, 8192, 0.0, 0.0, 0.0)
     b = q.add(0.0, 8192, 0.0, 0.0, 0.0)
     c = q.add(0.0, 8192, 0.0, 0.0, 0.0)
-    assert q.drain_s(1.0, 0.0, 0.0) == 0.0  # the replay finished all three at 3 seeds
+    # the replay ended all three by 3 seeds; a has no first token yet, so the engine has not
+    # ended a, and b and c, which the replay computed after a, are still to do
+    assert q.drain_s(1.0, 0.0, 0.0) == pytest.approx(2 * seed)
+    assert q.drain_s(5.0, 0.0, 0.0) == pytest.approx(2 * seed)
     assert q.open == 3
     q.complete(a, 1.0, 0.0, 0.0)  # the engine is three times slower: b and c start again
     assert q.open == 2
@@ -117,3 +120,21 @@ def test_a_replay_that_ran_ahead_keeps_its_entries_open_and_learns_a_slower_pace
     assert q.drain_s(1.0 + 3 * seed, 0.0, 0.0) == pytest.approx(slower * seed)
     q.withdraw(c)
     assert q.open == 0
+
+
+def test_a_replay_ahead_of_the_engine_counts_the_entries_behind_the_oldest_open_one_whole() -> None:
+    """overdue(t): once the replay has ended the oldest open entry h, every entry it did not end
+    in h's last step is still to compute, whole; those it ended with h add nothing."""
+    seed = step_s(8192)
+    q = queue()
+    a = q.add(0.0, 8192, 0.0, 0.0, 0.0)
+    q.add(0.0, 8192, 0.0, 0.0, 0.0)
+    assert q.drain_s(0.0, 0.0, 0.0) == pytest.approx(2 * seed)
+    # at 1.5 seeds the replay has ended a (at 1 seed) and is half through b: b is left whole
+    assert q.drain_s(1.5 * seed, 0.0, 0.0) == pytest.approx(seed)
+    q.complete(a, 1.5 * seed, 0.0, 0.0)  # a's first token: b starts now
+    assert q.drain_s(1.5 * seed, 0.0, 0.0) == pytest.approx(seed)
+    together = queue()
+    together.add(0.0, 10000, 0.0, 0.0, 0.0)
+    together.add(0.1, 1000, 0.0, 0.0, 0.0)  # in the long prompt's last step
+    assert together.drain_s(1.0, 0.0, 0.0) == 0.0

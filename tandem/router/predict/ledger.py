@@ -4,7 +4,7 @@
 whose prefill has not finished: first byte for a local route, the prefill answer for P/D), replayed
 in the engine's order at its learned pace (`prefill_queue.py`); the work still ahead at time t is
 
-    backlog(t) = drain(t)
+    backlog(t) = max(drain(t), overdue(t))
 
 at the decode load of this router's streams there (their count and `stream_tokens`): the part of
 a request already computed no longer counts, and each first token observed corrects the replay.

@@ -7,7 +7,7 @@ its targets (T_ttft, T_tpot, `slo.py`) and block size B, with each engine's lear
     uncached(e)  = u = max(P - hit_blocks(e) · B, 0),  its pairs(e) = u · (P - u + u / 2)
     backlog(e)   = the predicted engine time left of this router's unfinished prefill work there:
                    its prefill queue replayed in chunked steps at the engine's learned pace κ_q,
-                   corrected by every first token observed (`prefill_queue.py`: drain(t))
+                   corrected by every first token observed (`prefill_queue.py`: max(drain, overdue))
     ahead(e)     = max(waiting(e) - pending_at_scrape(e), 0) · the mean uncached tokens and pairs
                    (the engine's queue of other routers' requests at the mean size)
     streams(d)   = `Engine.streams()` (the router's live count, or the engine's scraped one)

@@ -19,6 +19,14 @@ engine time until the work still queued is done, at the decode load of the momen
                                             + s2 · P / 10⁶),    k = ⌈T / max(C - D, 1)⌉
 
 with T and P the tokens and pairs left after the step in flight (drain 0 when nothing is queued).
+The replay can run ahead of the engine: the oldest open entry h may be one it has ended whose
+first token has not come. The engine takes prefills in order and has not ended h, so every entry
+behind h that the replay did not end in h's last step is still to compute, whole:
+
+    overdue(t) = κ_q · seed over the steps of those entries' tokens (0 unless the replay has
+                 ended h)
+
+and the engine time left, until a first token corrects the replay, is max(drain(t), overdue(t)).
 
 What the router observes corrects the replay. A first token (a P/D prefill's answer) of entry x
 means that x's prefill is over, and, as the engine takes prefills in order, so is every entry
@@ -63,6 +71,7 @@ class QueuedPrefill:
     cached: float
     left: float
     in_step: float = 0.0  # tokens of it in the step in flight
+    done_at: float = 0.0  # when the replay ended its last chunk (once left is 0)
 
     def pairs(self, tokens: float, computed: float) -> float:
         """Attention pairs of a chunk of `tokens` after `computed` of its own tokens."""
@@ -145,8 +154,11 @@ class PrefillQueue:
         first token is observed (`open`), with nothing left to compute."""
         while self.step_end <= now and self.busy:
             for entry in self.entries:
-                entry.left -= entry.in_step
-                entry.in_step = 0.0
+                if entry.in_step:
+                    entry.left -= entry.in_step
+                    entry.in_step = 0.0
+                    if entry.left <= 0.0:
+                        entry.done_at = self.step_end
             if self.busy:
                 self.step_end += self._plan(streams, context)
 
@@ -169,19 +181,34 @@ class PrefillQueue:
         return self.pace * seed
 
     def drain_s(self, now: float, streams: float, context: float) -> float:
-        """drain(now) (module docstring), after advancing the replay to `now`."""
+        """max(drain(now), overdue(now)) (module docstring), after advancing the replay to `now`."""
         self.advance(now, streams, context)
+        overdue = self._overdue_s(streams, context)
         if not self.busy:
-            return 0.0
+            return overdue
         tokens = pairs = 0.0
         for entry in self.entries:
             left = entry.left - entry.in_step
             if left > 0.0:
                 tokens += left
                 pairs += entry.pairs(left, entry.tokens - left)
-        return max(self.step_end - now, 0.0) + self.pace * self._seed_s(
+        replayed = max(self.step_end - now, 0.0) + self.pace * self._seed_s(
             tokens, pairs, streams, context
         )
+        return max(replayed, overdue)
+
+    def _overdue_s(self, streams: float, context: float) -> float:
+        """overdue (module docstring)."""
+        entries = self.entries
+        if not entries or entries[0].left > 0.0:
+            return 0.0
+        ended = entries[0].done_at
+        tokens = pairs = 0.0
+        for entry in entries:
+            if entry.left > 0.0 or entry.done_at != ended:
+                tokens += entry.tokens
+                pairs += entry.pairs(entry.tokens, 0.0)
+        return self.pace * self._seed_s(tokens, pairs, streams, context)
 
     def _seed_s(self, tokens: float, pairs: float, streams: float, context: float) -> float:
         """seed over ⌈T / max(C - D, 1)⌉ steps of T tokens and P pairs (0 when T = 0)."""
@@ -214,6 +241,8 @@ class PrefillQueue:
             for waiting in entries:
                 if lagging:  # the chunks the replay put beside it are computed too
                     waiting.left -= waiting.in_step
+                    if waiting.in_step and waiting.left <= 0.0:
+                        waiting.done_at = now
                 else:  # the replay ran ahead: nothing behind it is known computed
                     waiting.left = waiting.tokens
                 waiting.in_step = 0.0
