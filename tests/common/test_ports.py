@@ -7,6 +7,7 @@ import socket
 
 import pytest
 
+from tandem.common import ports
 from tandem.common.ports import (
     LINUX_EPHEMERAL_RANGE,
     LOWEST_PORT,
@@ -53,3 +54,14 @@ def test_a_bound_free_port_is_held_until_closed() -> None:
     held.close()
     with socket.socket() as rival:
         rival.bind(("127.0.0.1", port))
+
+
+def test_a_port_is_handed_out_once_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two processes planned before either binds would otherwise be given the same port when the
+    random pick repeats: here it repeats every time, and the second call gets the OS's pick."""
+    first = free_port()
+    monkeypatch.setattr(ports.random, "choice", lambda _: first)
+    second = free_port()
+    assert second != first
+    with bound_free_port() as held:
+        assert held.getsockname()[1] not in (first, second)
