@@ -19,6 +19,7 @@ from router_harness import (
     metric,
     metrics,
     running,
+    wait_until,
 )
 
 pytestmark = pytest.mark.timeout(120)
@@ -159,9 +160,15 @@ def test_engine_removed_mid_traffic(workers: tuple[Engine, Engine]) -> None:
             doomed.kill()
             codes = [completion(router, f"{i} {SHORT}").status_code for i in range(8)]
             assert codes == [200] * 8
-            engines = {e["url"]: e for e in httpx.get(router.url + "/engines").json()}
-            assert engines[doomed.url]["healthy"] is False
-            assert engines[survivor.url]["healthy"] is True
+
+            def health() -> dict[str, bool]:
+                engines = httpx.get(router.url + "/engines").json()
+                return {e["url"]: e["healthy"] for e in engines}
+
+            # a request sent to it finds it gone at once; if all eight went to the survivor, the
+            # health check (every 2 s) finds it
+            wait_until(lambda: health()[doomed.url] is False)
+            assert health()[survivor.url] is True
 
 
 def test_session_affinity_keeps_a_session_on_one_engine(workers: tuple[Engine, Engine]) -> None:
