@@ -47,8 +47,9 @@ def service_port_ranges(ephemeral: tuple[int, int]) -> list[range]:
 
 def bound_free_port(host: str = "127.0.0.1") -> socket.socket:
     """A socket bound to a free port of `host` outside the ephemeral range and never handed out
-    before in this process, still held: the port is the caller's until it closes the socket. Falls back to a port the OS picks when no random
-    candidate binds (a machine whose ephemeral range covers every port, or a crowded one)."""
+    before in this process, still held: the port is the caller's until it closes the socket.
+    Falls back to a port the OS picks when no random candidate binds (a machine whose ephemeral
+    range covers every port, or a crowded one)."""
     ranges = service_port_ranges(ephemeral_range())
     weights = [len(r) for r in ranges]
     for _ in range(_ATTEMPTS if ranges else 0):

@@ -73,6 +73,14 @@ class QueuedPrefill:
     in_step: float = 0.0  # tokens of it in the step in flight
     done_at: float = 0.0  # when the replay ended its last chunk (once left is 0)
 
+    def end_step(self, at: float) -> None:
+        """The step in flight ended at `at` and computed its tokens of this entry there."""
+        if self.in_step:
+            self.left -= self.in_step
+            self.in_step = 0.0
+            if self.left <= 0.0:
+                self.done_at = at
+
     def pairs(self, tokens: float, computed: float) -> float:
         """Attention pairs of a chunk of `tokens` after `computed` of its own tokens."""
         return tokens * (self.cached + computed + tokens * 0.5)
@@ -154,11 +162,7 @@ class PrefillQueue:
         first token is observed (`open`), with nothing left to compute."""
         while self.step_end <= now and self.busy:
             for entry in self.entries:
-                if entry.in_step:
-                    entry.left -= entry.in_step
-                    entry.in_step = 0.0
-                    if entry.left <= 0.0:
-                        entry.done_at = self.step_end
+                entry.end_step(self.step_end)
             if self.busy:
                 self.step_end += self._plan(streams, context)
 
@@ -240,12 +244,10 @@ class PrefillQueue:
             # the engine's step ended now with the entry's last chunk, and the next one starts
             for waiting in entries:
                 if lagging:  # the chunks the replay put beside it are computed too
-                    waiting.left -= waiting.in_step
-                    if waiting.in_step and waiting.left <= 0.0:
-                        waiting.done_at = now
+                    waiting.end_step(now)
                 else:  # the replay ran ahead: nothing behind it is known computed
                     waiting.left = waiting.tokens
-                waiting.in_step = 0.0
+                    waiting.in_step = 0.0
             self.step_end = now + self._plan(streams, context) if self.busy else now
         first = next((waiting for waiting in entries if waiting.left > 0.0), None)
         if first is not None:
