@@ -49,6 +49,12 @@ def test_the_explain_line_lists_every_candidate_as_weighed() -> None:
     assert by_engine[a.id]["ttft_ms"] == line["ttft_ms"]
     assert line["meet_bar"] == 0.5  # both are likely to meet: the cost decides
     assert passed_over([line]) == {"placements": 0, "meet": 0.0, "cost": 0.0}
+    assert line["load"] == [0, 0]  # nothing decoded on a as it was placed
+    # alone on an idle engine, its 200 ms taught a's prefill model
+    model = line["prefill_model"]
+    assert model["fixed_ms"] > 0.0
+    assert model["scale"] > 1.0
+    assert model["pace"] == model["scale"]  # no pace sample yet: its prior, the model's κ
 
 
 def test_passed_over_files_each_lost_hit_under_its_reason() -> None:

@@ -17,7 +17,7 @@ from tandem.router.config import RouterConfig
 from tandem.router.decision import PredictiveInputs, Route, RouteInputs, plan_route
 from tandem.router.engines import Engine
 from tandem.router.metrics import RouterMetrics
-from tandem.router.predict.cost_model import EngineCosts, OnlineLinear
+from tandem.router.predict.cost_model import IDLE, DecodeLoad, EngineCosts, OnlineLinear
 from tandem.router.predict.ledger import EngineLedger
 from tandem.router.predict.output_length import (
     LengthPrediction,
@@ -88,21 +88,50 @@ def test_engine_costs_formulas_and_learning() -> None:
     assert costs.handoff_s(1000) == pytest.approx(0.010)
     assert costs.step_s(10, 20000) == pytest.approx(0.006 + 0.0002 + 0.0006)
 
-    def slow(tokens: float) -> float:  # 20 ms of overhead and a pace four times slower
-        return 0.02 + 4 * (0.006 * math.ceil(tokens / 8192) + 2.4e-5 * tokens + 1e-9 * tokens**2)
+    def slow(tokens: float, load: DecodeLoad) -> float:  # 20 ms of overhead, a pace 4x slower
+        step = 0.006 + 0.00002 * load.streams + 0.00003 * load.context / 1000
+        steps = math.ceil(tokens / (8192 - load.streams))
+        mid_step = step / 2 if load.streams else 0.0
+        return 0.02 + 4 * (steps * step + mid_step + 2.4e-5 * tokens + 1e-9 * tokens**2)
 
-    for tokens in (100, 500, 1000, 2000, 4000, 8000) * 20:
-        costs.observe_prefill(tokens, tokens * tokens / 2, slow(tokens))
+    loads = (IDLE, DecodeLoad(40, 300_000), DecodeLoad(120, 1_000_000))
+    for i, tokens in enumerate((100, 500, 1000, 2000, 4000, 8000) * 20):
+        load = loads[i % 3]
+        costs.observe_prefill(tokens, tokens * tokens / 2, load, slow(tokens, load))
     assert costs.prefill.theta == pytest.approx([0.02, 4.0], rel=0.1)
-    assert costs.prefill_s(3000, 4.5e6) == pytest.approx(slow(3000), rel=0.02)
-    assert costs.prefill_s(16000, 1.28e8) == pytest.approx(slow(16000), rel=0.02)
+    assert costs.prefill_s(3000, 4.5e6) == pytest.approx(slow(3000, IDLE), rel=0.02)
+    assert costs.prefill_s(16000, 1.28e8) == pytest.approx(slow(16000, IDLE), rel=0.02)
+    busy = DecodeLoad(80, 600_000)
+    assert costs.prefill_s(300, 4.5e4, busy, mid_step=True) == pytest.approx(
+        slow(300, busy), rel=0.02
+    )
     assert costs.prefill_compute_s(2000, 2e6) == pytest.approx(4 * (0.048 + 0.004), rel=0.05)
+
+
+def test_a_prefill_beside_decoding_streams_carries_them_in_every_step() -> None:
+    costs = EngineCosts(
+        (0.006, 0.024, 0.002), (0.007, 0.003), (0.006, 0.00002, 0.00003), forget=0.98
+    )
+    load = DecodeLoad(100, 200_000)  # each step: 0.006 + 100 · 0.00002 + 200 · 0.00003 = 0.014
+    assert costs.prefill_s(2000, 2e6, load) == pytest.approx(0.014 + 0.048 + 0.004)
+    # it comes while a decode step is in flight: half of one more on average
+    assert costs.prefill_s(2000, 2e6, load, mid_step=True) == pytest.approx(0.073)
+    # an idle engine has no step in flight
+    assert costs.prefill_s(2000, 2e6, IDLE, mid_step=True) == pytest.approx(0.058)
+    # 8,100 tokens beside 100 streams: a step takes 8,192 - 100 of them, so two steps
+    assert costs.prefill_s(8100, 0.0, load) == pytest.approx(2 * 0.014 + 0.1944)
+    assert costs.prefill_s(8100, 0.0) == pytest.approx(0.006 + 0.1944)
+    # the streams wait for its tokens, not for their own part of the steps
+    assert costs.prefill_compute_s(2000, 2e6) == pytest.approx(0.048 + 0.004)
+    # a pulled prompt's last token: the pull, half the step in flight, then a step beside them
+    assert costs.handoff_s(1000, load) == pytest.approx(0.010 + 0.008 + 0.007)
+    assert costs.handoff_s(1000, IDLE) == pytest.approx(0.010)
 
 
 def test_a_burst_of_odd_samples_moves_the_costs_by_a_bounded_factor() -> None:
     costs = EngineCosts((0.006, 0.024, 0.002), (0.007, 0.003), (0.006, 0.0, 0.0), forget=0.98)
     for _ in range(5):  # a short prompt stuck behind a stalled engine: ten times its cost
-        costs.observe_prefill(200, 2e4, 10 * costs.prefill_s(200, 2e4))
+        costs.observe_prefill(200, 2e4, IDLE, 10 * costs.prefill_s(200, 2e4))
     assert 1.0 < costs.prefill_s(16000, 1.28e8) / (0.012 + 0.384 + 0.256) < 10.0
 
 
@@ -241,7 +270,7 @@ def test_a_prefill_engine_of_unknown_pace_takes_one_request_at_a_time() -> None:
     ledger_of(p).prefills_open = 1  # that first request has not ended
     assert place([d], [p], ledger_of, inputs, "auto").prefill is None
     assert place([d], [p], ledger_of, inputs, "always").prefill is not None
-    ledger_of(p).costs.observe_prefill(2000, 0.0, 0.055)  # answered at the seed's pace
+    ledger_of(p).costs.observe_prefill(2000, 0.0, IDLE, 0.055)  # answered at the seed's pace
     assert place([d], [p], ledger_of, inputs, "auto").prefill is not None
 
 
@@ -465,11 +494,14 @@ def test_interference_budget_sends_prefills_to_the_pool_unless_only_local_meets(
     assert placement.decode.tpot_s == pytest.approx(0.006 / (1 - 0.28))
     assert placement.prefill is None  # over budget, but no stream decodes there to suffer it
     ledger_of(d).add_stream(1000, 100, 1.0)
-    d.in_flight = 1  # one stream: 55 + 50 ms local against 221 ms P/D, but over budget
+    d.in_flight = 1  # one stream: 58 + 50 ms local against 224 ms P/D, but over budget
     placement = place([d], [p], ledger_of, inputs_for(2000, ttft_ms=300), "auto")
     assert placement.prefill is not None  # 0.28 + 0.05 > 0.3, and P/D meets its 300 ms
-    # a step of p's 6,192 tokens ahead, one of its own 2,000, the handoff
-    assert placement.ttft_s == pytest.approx(0.005 + 0.025 * 6.192 + 0.005 + 0.025 * 2 + 0.011)
+    # a step of p's 6,192 tokens ahead, one of its own 2,000, the handoff after half the step
+    # in flight on d (its one stream decoding)
+    assert placement.ttft_s == pytest.approx(
+        0.005 + 0.025 * 6.192 + 0.005 + 0.025 * 2 + 0.011 + 0.005 / 2
+    )
     placement = place([d], [p], ledger_of, inputs_for(2000, ttft_ms=100), "auto")
     assert placement.prefill is None  # P/D would miss 100 ms, local meets it: local
 
@@ -796,6 +828,34 @@ def test_a_prefill_answer_teaches_its_engine_before_the_request_ends() -> None:
     ticket.finished(output_tokens=51, last_event=110.0)
     assert ledger.costs.prefill.samples == 1  # taught once
     assert ledger.prefills_open == 0
+
+
+def test_a_prefill_placed_before_another_on_its_engine_teaches_no_cost_sample() -> None:
+    """A request joined on its engine by one placed behind it before its first token may share
+    its last step with it (vLLM fills a step's token budget from every waiting request): its
+    time is not its own work's, and would teach the fixed part a what the work behind it took."""
+    predictor = Predictor(config().scoring.predictive, RouterMetrics())
+    d = engine("d", "decode")
+    ledger = predictor.ledger(d)
+    target = SloTarget(1.0, 0.05, False)
+    keys = length_keys(False, 100, 2000, None)
+    output = predictor.lengths.predict(keys, 100)
+
+    def placed(now: float) -> Ticket:
+        inputs = PlacementInputs(2000, 16, {}, output, target, 0.5, 0.3, 1e3, 1e6, 1e3, now)
+        placement = place([d], [], predictor.ledger, inputs, "never")
+        return predictor.ticket(placement, 2000, output, keys, target, True, now)
+
+    first, second = placed(100.0), placed(100.001)
+    first.first_byte(d, now=100.3, upstream_start=100.0, prefill_done=None)
+    second.first_byte(d, now=100.3, upstream_start=100.001, prefill_done=None)
+    for ticket in (first, second):
+        ticket.finished(output_tokens=51, last_event=101.0)
+    assert ledger.costs.prefill.samples == 0  # the first was followed, the second queued
+    alone = placed(200.0)
+    alone.first_byte(d, now=200.1, upstream_start=200.0, prefill_done=None)
+    alone.finished(output_tokens=51, last_event=201.0)
+    assert ledger.costs.prefill.samples == 1
 
 
 @dataclass

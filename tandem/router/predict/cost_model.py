@@ -5,13 +5,21 @@ figures) and learns two numbers per engine, a fixed part a and a scale κ:
 
     y = a + κ · s(x),   (a, κ) from (0, 1)
 
-    prefill:  s = s0 · steps + s1 · tokens / 1000 + s2 · pairs / 10⁶
+    prefill:  s = steps · (s0 + d1 · D + d2 · X / 1000) + s1 · tokens / 1000 + s2 · pairs / 10⁶
+                  [+ (s0 + d1 · D + d2 · X / 1000) / 2 when it starts mid-step, D > 0]
               (tokens: the uncached tokens ahead plus its own; pairs: their attention pairs,
               Σ u · (c + u / 2) over the requests of u uncached tokens after c cached ones, the
-              quadratic part of a long prompt's prefill; steps = max(⌈tokens / C⌉, 1), the
-              forward passes chunked prefill splits them into at a token budget of C per step,
-              each with its fixed cost)
-    handoff:  s = h0 + h1 · prompt tokens / 1000            (KV pull + the decode engine's first step)
+              quadratic part of a long prompt's prefill; steps = max(⌈tokens / max(C - D, 1)⌉, 1),
+              the forward passes chunked prefill splits them into at a token budget of C per
+              step less one token per decoding stream; each step carries the D streams decoding
+              on the engine and their X context tokens (`DecodeLoad`), as vLLM's scheduler runs
+              the running requests first. A request that comes to an engine with nothing of
+              this router's prefilling there finds a decode step in flight when D > 0, half
+              done on average: it waits for it before its first chunk is scheduled)
+    handoff:  s = h0 + h1 · prompt tokens / 1000 + d1 · D + d2 · X / 1000
+                  [+ (s0 + d1 · D + d2 · X / 1000) / 2 when D > 0]
+              (the KV pull, then the decode engine's step that computes the prompt's last token
+              beside its D streams: the pulled request waits for the step in flight)
     step:     s = d0 + d1 · streams + d2 · context tokens / 1000
 
 (a, κ) are fitted by recursive least squares with forgetting (`OnlineLinear`) on the features
@@ -26,8 +34,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from tandem.router.predict.prefill_queue import StepSeeds
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeLoad:
+    """D streams decoding on an engine and their X context tokens: every step there carries them."""
+
+    streams: float = 0.0
+    context: float = 0.0
+
+
+IDLE = DecodeLoad()
 
 
 class OnlineLinear:
@@ -127,8 +147,8 @@ class ScaledSeed:
 class EngineCosts:
     """One engine's three models (module docstring), with the formulas that read them."""
 
-    __slots__ = ("_handoff_seed", "_prefill_seed", "_step_seed", "chunk_tokens", "handoff",
-                 "prefill", "step")  # fmt: skip
+    __slots__ = ("_handoff_seed", "_step_seed", "chunk_tokens", "handoff", "prefill", "seeds",
+                 "step")  # fmt: skip
 
     def __init__(
         self,
@@ -138,61 +158,83 @@ class EngineCosts:
         forget: float,
         chunk_tokens: int = 8192,
     ) -> None:
-        self._prefill_seed = prefill
         self._handoff_seed = handoff
         self._step_seed = step
         self.chunk_tokens = chunk_tokens
+        s0, s1, s2 = prefill
+        self.seeds = StepSeeds(s0, s1, s2, step[1], step[2], chunk_tokens)
         self.prefill = ScaledSeed(forget)
         self.handoff = ScaledSeed(forget)
         self.step = ScaledSeed(forget)
 
-    def steps(self, tokens: float) -> float:
-        """max(⌈tokens / C⌉, 1): the engine steps a prefill of `tokens` takes."""
-        return max(math.ceil(tokens / self.chunk_tokens), 1)
+    def steps(self, tokens: float, streams: float = 0.0) -> float:
+        """max(⌈tokens / max(C - D, 1)⌉, 1): the engine steps a prefill of `tokens` takes beside
+        D decoding streams."""
+        return max(math.ceil(tokens / self.seeds.budget(streams)), 1)
 
-    def _prefill_seed_s(self, tokens: float, pairs: float) -> float:
-        s0, s1, s2 = self._prefill_seed
-        return s0 * self.steps(tokens) + s1 * tokens * 1e-3 + s2 * pairs * 1e-6
+    def _prefill_seed_s(
+        self, tokens: float, pairs: float, load: DecodeLoad, *, mid_step: bool
+    ) -> float:
+        seeds = self.seeds
+        step = seeds.fixed(load.streams, load.context)
+        seed = self.steps(tokens, load.streams) * step + seeds.s1 * tokens * 1e-3
+        seed += seeds.s2 * pairs * 1e-6
+        if mid_step and load.streams > 0.0:
+            seed += step * 0.5
+        return seed
 
-    def _handoff_seed_s(self, prompt_tokens: float) -> float:
+    def _handoff_seed_s(self, prompt_tokens: float, load: DecodeLoad) -> float:
         h0, h1 = self._handoff_seed
-        return h0 + h1 * prompt_tokens * 1e-3
+        seeds = self.seeds
+        seed = h0 + h1 * prompt_tokens * 1e-3
+        if load.streams > 0.0:
+            step = seeds.fixed(load.streams, load.context)
+            seed += step - seeds.s0 + step * 0.5
+        return seed
 
     def _step_seed_s(self, streams: float, context_tokens: float) -> float:
         d0, d1, d2 = self._step_seed
         return d0 + d1 * streams + d2 * context_tokens * 1e-3
 
-    def step_seeds(self) -> StepSeeds:
-        """The seeds of a mixed step of prefill chunks and decoding streams (`prefill_queue.py`)."""
-        s0, s1, s2 = self._prefill_seed
-        _, d1, d2 = self._step_seed
-        return StepSeeds(s0, s1, s2, d1, d2, self.chunk_tokens)
-
-    def prefill_s(self, tokens: float, pairs: float, pace: float | None = None) -> float:
-        """a + κ · (s0 · steps + s1 · tokens / 1000 + s2 · pairs / 10⁶): a prefill of `tokens`
-        with `pairs` attention pairs (the work ahead included); `pace` in place of κ."""
+    def prefill_s(
+        self,
+        tokens: float,
+        pairs: float,
+        load: DecodeLoad = IDLE,
+        *,
+        mid_step: bool = False,
+        pace: float | None = None,
+    ) -> float:
+        """a + κ · s: a prefill of `tokens` with `pairs` attention pairs (the work ahead
+        included) beside the decode `load`, starting `mid_step` (module docstring); `pace` in
+        place of κ."""
         fixed, scale = self.prefill.theta
-        return fixed + (scale if pace is None else pace) * self._prefill_seed_s(tokens, pairs)
+        seed = self._prefill_seed_s(tokens, pairs, load, mid_step=mid_step)
+        return fixed + (scale if pace is None else pace) * seed
 
     def prefill_compute_s(self, tokens: float, pairs: float) -> float:
         """κ · (s1 · tokens / 1000 + s2 · pairs / 10⁶): the engine time a prefill's tokens take,
         what a local prefill stalls the streams decoding beside it for."""
-        _, s1, s2 = self._prefill_seed
-        return self.prefill.theta[1] * (s1 * tokens * 1e-3 + s2 * pairs * 1e-6)
+        seeds = self.seeds
+        return self.prefill.theta[1] * (seeds.s1 * tokens * 1e-3 + seeds.s2 * pairs * 1e-6)
 
-    def handoff_s(self, prompt_tokens: float) -> float:
-        """a + κ · (h0 + h1 · prompt tokens / 1000): the KV pull and the first decode step."""
-        return self.handoff.predict(self._handoff_seed_s(prompt_tokens))
+    def handoff_s(self, prompt_tokens: float, load: DecodeLoad = IDLE) -> float:
+        """a + κ · s: the KV pull and the first decode step beside the decode `load` (module
+        docstring)."""
+        return self.handoff.predict(self._handoff_seed_s(prompt_tokens, load))
 
     def step_s(self, streams: float, context_tokens: float) -> float:
         """a + κ · (d0 + d1 · streams + d2 · context tokens / 1000): one decode step."""
         return self.step.predict(self._step_seed_s(streams, context_tokens))
 
-    def observe_prefill(self, tokens: float, pairs: float, seconds: float) -> None:
-        self.prefill.observe(self._prefill_seed_s(tokens, pairs), seconds)
+    def observe_prefill(
+        self, tokens: float, pairs: float, load: DecodeLoad, seconds: float
+    ) -> None:
+        """A prefill that met nothing of this router's on the engine (so it started mid-step)."""
+        self.prefill.observe(self._prefill_seed_s(tokens, pairs, load, mid_step=True), seconds)
 
-    def observe_handoff(self, prompt_tokens: float, seconds: float) -> None:
-        self.handoff.observe(self._handoff_seed_s(prompt_tokens), seconds)
+    def observe_handoff(self, prompt_tokens: float, load: DecodeLoad, seconds: float) -> None:
+        self.handoff.observe(self._handoff_seed_s(prompt_tokens, load), seconds)
 
     def observe_step(self, streams: float, context_tokens: float, seconds: float) -> None:
         self.step.observe(self._step_seed_s(streams, context_tokens), seconds)

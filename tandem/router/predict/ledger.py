@@ -50,7 +50,7 @@ import asyncio
 import heapq
 import math
 
-from tandem.router.predict.cost_model import EngineCosts
+from tandem.router.predict.cost_model import DecodeLoad, EngineCosts
 from tandem.router.predict.prefill_queue import PrefillQueue, QueuedPrefill
 
 ERROR_WEIGHT = 0.05  # per observation: a window of about 20 requests
@@ -109,7 +109,7 @@ class EngineLedger:
         self.share_window_s = share_window_s
         self._share = DecayedRate(share_window_s)  # prefill seconds placed here per second
         self._arrivals = DecayedRate(share_window_s)  # requests that joined its queue per second
-        self.queue = PrefillQueue(costs.step_seeds(), lambda: costs.prefill.theta[1])
+        self.queue = PrefillQueue(costs.seeds, lambda: costs.prefill.theta[1])
         self.prefills_open = 0  # this router's prefills here not observed yet (module docstring)
         self.streams = 0
         self.stream_tokens = 0.0
@@ -143,10 +143,12 @@ class EngineLedger:
         """backlog(now) (module docstring)."""
         return self.queue.drain_s(now, self.streams, self.stream_tokens)
 
-    def prefill_s(self, tokens: float, pairs: float) -> float:
+    def prefill_s(
+        self, tokens: float, pairs: float, load: DecodeLoad, *, mid_step: bool = False
+    ) -> float:
         """The prefill model's a + κ_q · seed (`cost_model.py`): its fixed part, at the queue's
         pace (`prefill_queue.py`, whose prior is the model's κ)."""
-        return self.costs.prefill_s(tokens, pairs, self.queue.pace)
+        return self.costs.prefill_s(tokens, pairs, load, mid_step=mid_step, pace=self.queue.pace)
 
     def queue_work(self, now: float, tokens: float, pairs: float) -> QueuedPrefill:
         """A prefill of `tokens` with `pairs` attention pairs placed at `now`; returns its entry."""

@@ -33,7 +33,9 @@ its targets (T_ttft, T_tpot, `slo.py`) and block size B, with each engine's lear
 
   local on decode engine d:
     TTFT  = max(backlog(d) + prefill_s_d(through(d)), kv_wait(d) + prefill_s_d(own))
-            (prefill_s at the queue's pace: a + κ_q · seed, `ledger.prefill_s`)
+            (prefill_s at the queue's pace: a + κ_q · seed, `ledger.prefill_s`; every step of it
+            carries d's decode load, streams(d) and context(d), and one that starts with
+            backlog(d) = 0 waits for half a decode step in flight first: `cost_model.py`)
     stall = prefill_compute_s_d(own work)  (what each stream decoding on d waits for it)
     TPOT  = step_s_d(streams(d) + 1, context(d) + P + L / 2) / (1 - min(share(d), 0.9))
   prefill engine p, then decode engine d:
@@ -41,7 +43,7 @@ its targets (T_ttft, T_tpot, `slo.py`) and block size B, with each engine's lear
             busy(d) = max(backlog(d) + prefill_s_d(ahead(d)), kv_wait(d)) (0 without any): the
             pulled request joins d's waiting queue behind the prefill work already there, and
             is admitted only with KV for its prompt
-    TTFT  = TTFT_p + wait + handoff_s_d(P)
+    TTFT  = TTFT_p + wait + handoff_s_d(P)   (beside d's decode load, `cost_model.py`)
     TPOT  = as local on d
 
   P(meet)  = Φ(ln(T_ttft / TTFT) / sigma_ttft) · Φ(ln(T_tpot / TPOT) / sigma_tpot)    (0 when d's KV is
@@ -131,6 +133,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from tandem.router.engines import Engine
+from tandem.router.predict.cost_model import DecodeLoad
 from tandem.router.predict.ledger import EngineLedger
 from tandem.router.predict.output_length import LengthPrediction
 from tandem.router.predict.slo import SloTarget, meet_probability
@@ -189,6 +192,11 @@ class Candidate:
     overflows: bool  # its KV is predicted to overflow with this request on it
     kv_wait_s: float  # until the engine has KV free for the request (`kv_wait_s`)
 
+    @property
+    def load(self) -> DecodeLoad:
+        """What each of the engine's steps carries: its streams and their context."""
+        return DecodeLoad(self.streams, self.context)
+
 
 @dataclass(frozen=True, slots=True)
 class PrefillPick:
@@ -199,6 +207,7 @@ class PrefillPick:
     open_ahead: int
     ahead: Work
     through: Work
+    load: DecodeLoad  # what each of its steps carries
     ttft_s: float  # the prefill's part, without the handoff
 
 
@@ -251,10 +260,21 @@ def through_first_token(ahead: Work, own: Work) -> Work:
     return Work(ahead.tokens + own.tokens, ahead.pairs + own.pairs)
 
 
-def first_token_s(ledger: EngineLedger, backlog_s: float, through: Work) -> float:
-    """backlog(e) + prefill_s_e(through(e)): the engine's time to the request's first token
-    (`ledger.py`)."""
-    return backlog_s + ledger.prefill_s(through.tokens, through.pairs)
+def decode_load(engine: Engine, ledger: EngineLedger, inputs: PlacementInputs) -> DecodeLoad:
+    """(streams(e), context(e)) (module docstring): what each of the engine's steps carries."""
+    streams = engine.streams()
+    foreign = streams - ledger.streams
+    context = ledger.stream_tokens + (foreign * inputs.mean_stream_tokens if foreign > 0 else 0.0)
+    return DecodeLoad(streams, context)
+
+
+def first_token_s(ledger: EngineLedger, backlog_s: float, through: Work, load: DecodeLoad) -> float:
+    """backlog(e) + prefill_s_e(through(e)) beside the engine's decode load, mid-step when
+    nothing of this router's is ahead (`cost_model.py`): the engine's time to the request's
+    first token."""
+    return backlog_s + ledger.prefill_s(
+        through.tokens, through.pairs, load, mid_step=backlog_s <= 0.0
+    )
 
 
 def handoff_wait_s(decode: Candidate, prefill_s: float) -> float:
@@ -264,7 +284,7 @@ def handoff_wait_s(decode: Candidate, prefill_s: float) -> float:
     ahead = decode.ahead
     busy = decode.backlog_s
     if ahead.tokens > 0.0:
-        busy += decode.ledger.prefill_s(ahead.tokens, ahead.pairs)
+        busy += decode.ledger.prefill_s(ahead.tokens, ahead.pairs, decode.load)
     return max(max(busy, decode.kv_wait_s) - prefill_s, 0.0)
 
 
@@ -299,9 +319,8 @@ def decode_candidate(engine: Engine, ledger: EngineLedger, inputs: PlacementInpu
     ahead = ahead_work(engine, inputs)
     backlog = ledger.backlog_s(inputs.now)
     open_ahead = ledger.queue.open
-    streams = engine.streams()
-    foreign = streams - ledger.streams
-    context = ledger.stream_tokens + (foreign * inputs.mean_stream_tokens if foreign > 0 else 0.0)
+    load = decode_load(engine, ledger, inputs)
+    streams, context = load.streams, load.context
     output = inputs.output
     through = through_first_token(ahead, own)
     stall = costs.prefill_compute_s(own.tokens, own.pairs)
@@ -310,9 +329,9 @@ def decode_candidate(engine: Engine, ledger: EngineLedger, inputs: PlacementInpu
         costs.step_s(streams + 1, context + prompt + output.median * 0.5), share
     )
     kv_wait = kv_wait_s(engine, ledger, own.tokens, streams, tpot, output.median)
-    ttft = first_token_s(ledger, backlog, through)
+    ttft = first_token_s(ledger, backlog, through, load)
     if kv_wait > 0.0:
-        ttft = max(ttft, kv_wait + ledger.prefill_s(own.tokens, own.pairs))
+        ttft = max(ttft, kv_wait + ledger.prefill_s(own.tokens, own.pairs, load))
     target = inputs.target
     ttft_meet = meet_probability(ttft, target.ttft_s, ledger.ttft_sigma())
     meet = ttft_meet * meet_probability(tpot, target.tpot_s, ledger.tpot_sigma())
@@ -390,8 +409,9 @@ def _prefill_pick(engine: Engine, ledger: EngineLedger, inputs: PlacementInputs)
     ahead = ahead_work(engine, inputs)
     backlog = ledger.backlog_s(inputs.now)
     through = through_first_token(ahead, own)
-    ttft = first_token_s(ledger, backlog, through)
-    return PrefillPick(engine, ledger, own, backlog, ledger.queue.open, ahead, through, ttft)
+    load = decode_load(engine, ledger, inputs)
+    ttft = first_token_s(ledger, backlog, through, load)
+    return PrefillPick(engine, ledger, own, backlog, ledger.queue.open, ahead, through, load, ttft)
 
 
 def pace_unknown_and_tried(ledger: EngineLedger) -> bool:
@@ -490,7 +510,8 @@ def pd_decode(
     roomy = [c for c in separate if not c.overflows] or separate
     for candidate in roomy:
         wait = handoff_wait_s(candidate, prefill_s)
-        ttft = prefill_s + wait + candidate.ledger.costs.handoff_s(inputs.prompt_tokens)
+        handoff = candidate.ledger.costs.handoff_s(inputs.prompt_tokens, candidate.load)
+        ttft = prefill_s + wait + handoff
         cost = ttft + inputs.output.median * candidate.tpot_s
         if best is None or cost < best_cost:
             best, best_cost = (candidate, wait, ttft), cost

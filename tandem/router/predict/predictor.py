@@ -155,6 +155,16 @@ class Predictor:
         return math.log(observed / predicted)
 
 
+def prefill_model(ledger: EngineLedger) -> dict[str, float]:
+    """An engine's prefill model: its fixed part a (ms), scale κ and queue pace κ_q."""
+    fixed, scale = ledger.costs.prefill.theta
+    return {
+        "fixed_ms": round(fixed * 1e3, 3),
+        "scale": round(scale, 3),
+        "pace": round(ledger.queue.pace, 3),
+    }
+
+
 def observed_tpot_s(
     first_byte: float | None, last_event: float | None, output_tokens: int | None
 ) -> float | None:
@@ -178,10 +188,12 @@ class Ticket:
     left, so no fit runs on a request's way to its first token."""
 
     __slots__ = (
+        "_alone",
         "_first_byte",
         "_first_engine",
         "_handoff_clean",
         "_handoff_due",
+        "_handoff_load",
         "_kv_claim",
         "_placed_at",
         "_prefill_done",
@@ -240,11 +252,14 @@ class Ticket:
         self._upstream_start: float | None = None
         self._prefill_done: float | None = None
         self._handoff_clean = False
+        self._alone = False  # nothing of this router's was placed behind it on its engine
+        self._handoff_load = placement.decode.load  # the decode engine's as the handoff starts
         self._placed_at = time.perf_counter()
 
     def _release_queue(self, *, computed: bool) -> None:
         queued_on = self._queued_on
         if queued_on is not None:
+            self._alone = queued_on.queue.last(self._queued)
             queued_on.work_done(time.monotonic(), self._queued, computed=computed)
             self._queued_on = None
 
@@ -286,6 +301,8 @@ class Ticket:
             return placement.decode.engine
         self._release_decode_claim()  # its own claim is no load of the engines it weighs
         chosen = handoff_decode(placement, healthy, self.predictor.ledger, now)
+        if chosen is not None:
+            self._handoff_load = chosen[0].load
         if chosen is not None and chosen[0].engine is not placement.decode.engine:
             decode, wait, handoff_ttft = chosen
             self.placement = placement = replace(
@@ -383,8 +400,10 @@ class Ticket:
 
     def explain(self, output_tokens: int | None, last_event: float | None) -> dict[str, Any]:
         """The predicted TTFT split into its terms beside what was observed (ms; the debug log's
-        line per request): the work ahead and its own (tokens), the prefill part, the wait on
-        the decode engine and the handoff after a P/D prefill,
+        line per request): the work ahead and its own (tokens), the decode load its prefill's
+        steps carry (streams, context tokens), the prefilling engine's model as it stands at the
+        end (`prefill_model`), the prefill part, the wait on the decode engine and the handoff
+        after a P/D prefill,
         and the observed wait from the plan to the first upstream request, upstream TTFT, P/D
         prefill, handoff and TPOT, the clock readings (s) of the placement, the first upstream
         request and the first byte (a replay's arrivals), and every decode candidate as the pick
@@ -425,6 +444,8 @@ class Ticket:
             "own": part.own.tokens,
             "ahead": part.ahead.tokens,
             "backlog_ms": ms(part.backlog_s),
+            "load": [part.load.streams, round(part.load.context)],
+            "prefill_model": prefill_model(part.ledger),
             "through": part.through.tokens,
             "streams": decode.streams,
             "output": output_tokens,
@@ -450,8 +471,9 @@ class Ticket:
 
     def _learn_prefill(self, prefill: PrefillPick, seconds: float) -> None:
         ledger = prefill.ledger
-        if prefill.ahead.tokens <= 0.0 and not prefill.open_ahead:
-            ledger.costs.observe_prefill(prefill.own.tokens, prefill.own.pairs, seconds)
+        if self._alone and prefill.ahead.tokens <= 0.0 and not prefill.open_ahead:
+            own = prefill.own
+            ledger.costs.observe_prefill(own.tokens, own.pairs, prefill.load, seconds)
         log_ratio = self.predictor.observe_error("prefill", prefill.ttft_s, seconds)
         if log_ratio is not None:
             ledger.learn_ttft(log_ratio)
@@ -467,10 +489,12 @@ class Ticket:
         local = placement.prefill is None
         if local:
             decode = placement.decode
-            if decode.ahead.tokens <= 0.0 and not decode.open_ahead:
-                ledger.costs.observe_prefill(decode.own.tokens, decode.own.pairs, observed)
+            if self._alone and decode.ahead.tokens <= 0.0 and not decode.open_ahead:
+                own = decode.own
+                ledger.costs.observe_prefill(own.tokens, own.pairs, decode.load, observed)
         elif self._prefill_done is not None and self._handoff_clean:
-            ledger.costs.observe_handoff(self.prompt_tokens, first - self._prefill_done)
+            seconds = first - self._prefill_done
+            ledger.costs.observe_handoff(self.prompt_tokens, self._handoff_load, seconds)
         log_ratio = self.predictor.observe_error("ttft", placement.ttft_s, observed)
         if log_ratio is not None:
             ledger.learn_ttft(log_ratio)

@@ -139,6 +139,10 @@ class PrefillQueue:
         """This router's prefills there whose first token has not come (replayed or not)."""
         return len(self.entries)
 
+    def last(self, entry: QueuedPrefill) -> bool:
+        """Whether `entry` is the last open one: nothing was placed behind it since."""
+        return bool(self.entries) and self.entries[-1] is entry
+
     @property
     def busy(self) -> bool:
         """Whether the replay has work left (the last entry is the last to finish)."""
