@@ -37,9 +37,34 @@ def test_a_long_prompt_is_computed_in_chunks_of_the_token_budget() -> None:
 def test_decoding_streams_take_budget_and_time_from_every_step() -> None:
     q = queue()
     q.add(0.0, 8192, 0.0, 192, 96000)  # 192 streams leave 8,000 tokens a step
+    # it waits for the rest of the decode step in flight, half of one on average
+    in_flight = step_s(0.0, 192, 96000) / 2
     assert q.drain_s(0.0, 192, 96000) == pytest.approx(
-        step_s(8000, 192, 96000) + step_s(192, 192, 96000)
+        in_flight + step_s(8000, 192, 96000) + step_s(192, 192, 96000)
     )
+
+
+def test_prefills_placed_before_the_decode_step_in_flight_ends_share_the_next_step() -> None:
+    q = queue()
+    in_flight = step_s(0.0, 10, 10000) / 2
+    q.add(0.0, 1000, 0.0, 10, 10000)
+    assert q.sharers(0.0, 10) == (1, 8182 - 1000)  # a second prompt would join its step
+    q.add(in_flight / 2, 2000, 0.0, 10, 10000)  # before that step starts: one step for both
+    assert q.step_end == pytest.approx(in_flight + step_s(3000, 10, 10000))
+    assert q.sharers(in_flight / 2, 10) == (2, 8182 - 3000)
+    q.add(in_flight + 0.001, 500, 0.0, 10, 10000)  # the step has started: the next one
+    assert q.drain_s(in_flight + 0.001, 10, 10000) == pytest.approx(
+        step_s(3000, 10, 10000) - 0.001 + step_s(500, 10, 10000)
+    )
+    assert q.sharers(in_flight + 0.001, 10) == (1, 8182 - 500)  # its step, not the started one
+
+
+def test_a_step_without_room_is_shared_by_no_one() -> None:
+    q = queue()
+    q.add(0.0, 8192, 0.0, 0.0, 0.0)  # an idle engine: its step starts at once, full
+    assert q.sharers(0.0, 0.0) == (0, 0.0)
+    q.add(0.001, 9000, 0.0, 0.0, 0.0)  # 8,192 of it in the second step, 808 in the third
+    assert q.sharers(0.001, 0.0) == (1, 8192 - 808)
 
 
 def test_a_cached_prefix_makes_each_chunk_attend_to_more_pairs() -> None:
@@ -83,6 +108,25 @@ def test_the_pace_follows_an_engine_slower_than_its_seeds() -> None:
     assert q.drain_s(100.0, 0.0, 0.0) == 0.0
     q.add(100.0, 8192, 0.0, 0.0, 0.0)
     assert q.drain_s(100.0, 0.0, 0.0) == pytest.approx(q.pace * seed)
+
+
+def test_a_first_token_computed_in_the_step_before_it_joins_that_steps_pace_sample() -> None:
+    q = queue()
+    a = q.add(0.0, 2000, 0.0, 10, 10000)
+    b = q.add(0.02, 2000, 0.0, 10, 10000)  # after a's step started: planned for the next one
+    q.complete(a, 0.08, 10, 10000)
+    # 2 ms later: vLLM had put b's chunk in a's step; the replay's 2,000 tokens took no time
+    q.complete(b, 0.082, 10, 10000)
+    assert q.pace == 1.0
+    c = q.add(1.0, 2000, 0.0, 10, 10000)
+    d = q.add(1.02, 2000, 0.0, 10, 10000)
+    e = q.add(1.021, 2000, 0.0, 10, 10000)
+    q.complete(c, 1.08, 10, 10000)
+    both = step_s(4000, 10, 10000)  # d and e in one step, at the seeds' pace
+    q.complete(d, 1.08 + both, 10, 10000)
+    assert q.pace > 1.0  # d alone: its 2,000 tokens seemed to take 4,000 tokens' time
+    q.complete(e, 1.08 + both + 0.002, 10, 10000)
+    assert q.pace == pytest.approx(1.0)  # e's tokens were in that time: the seeds' pace
 
 
 def test_the_prior_is_the_cost_models_scale_and_a_withdrawn_request_is_no_sample() -> None:

@@ -49,8 +49,14 @@ its targets (T_ttft, T_tpot, `slo.py`) and block size B, with each engine's lear
   P(meet)  = Φ(ln(T_ttft / TTFT) / sigma_ttft) · Φ(ln(T_tpot / TPOT) / sigma_tpot)    (0 when d's KV is
              predicted to overflow: kv_usage(d) · (context(d) + its streams' remaining output +
              P + L90) / context(d) > 1, a preemption ahead)
-  cost     = TTFT + L · TPOT + waiters(d) · stall  (its predicted end-to-end time plus the delay
-             its prefill adds to every stream decoding there and every handoff on its way there)
+  cost     = TTFT + L · TPOT + waiters(d) · stall + joined(d)  (its predicted end-to-end time plus
+             the delay its prefill adds to every stream decoding there and every handoff on its
+             way there, and to this router's prefills that end in the step it joins)
+  joined(e) = n · κ · (s1 · m / 1000 + s2 · m · (P - u + m / 2) / 10⁶), m = min(u, room): the n
+             prefills whose last chunk is in the step its first chunk joins on e, and the room
+             they leave in its budget (`prefill_queue.py`, sharers); 0 when it starts a step of
+             its own. A burst placed on one engine within a decode step shares one prefill
+             step, so each prompt placed there delays every one placed before it
   waiters(d) = streams(d) + handoffs_due(d): the streams decoding on d, and this router's P/D
              requests to decode on d whose first token has not come (`ledger.py`); a prefilled
              prompt pulled to d joins its waiting queue and is admitted only in a step whose token
@@ -90,8 +96,8 @@ its targets (T_ttft, T_tpot, `slo.py`) and block size B, with each engine's lear
                   when the request's uncached tokens on d are fewer than the chunk size C (its
                   prefill leaves room in each step's budget, and a pulled prompt needs one token
                   of it): a prefill that fills every step holds each such handoff until it ends
-    disaggregate ⇔ TTFT_pd + queued(p, s_p) ≤ TTFT_local + waiters(d) · stall(d)
-                                              + queued(d, stall(d))       (less delay in all)
+    disaggregate ⇔ TTFT_pd + joined(p) + queued(p, s_p) ≤ TTFT_local + waiters(d) · stall(d)
+                                              + joined(d) + queued(d, stall(d))   (less delay in all)
                      and (TTFT_pd ≤ TTFT_local or P(TTFT_pd ≤ T_ttft) ≥ q
                           or P(TTFT_pd ≤ T_ttft) + missed(d) > P(TTFT_local ≤ T_ttft))
                    or streams(d) > 0 and (over budget or hurts) and P(TTFT_pd ≤ T_ttft) ≥ q
@@ -185,6 +191,9 @@ class Candidate:
     tpot_s: float
     streams: float
     waiters: float  # streams + handoffs due: what its prefill delays (module docstring)
+    step_delay_s: (
+        float  # what it adds to the prefills ending in the step it joins (`joined_step_s`)
+    )
     context: float
     meet: float
     ttft_meet: float  # P(TTFT ≤ T_ttft), the factor of P(meet) the pick ranks by (0 on overflow)
@@ -209,6 +218,7 @@ class PrefillPick:
     through: Work
     load: DecodeLoad  # what each of its steps carries
     ttft_s: float  # the prefill's part, without the handoff
+    step_delay_s: float  # what it adds to the prefills ending in the step it joins
 
 
 @dataclass(frozen=True, slots=True)
@@ -311,6 +321,18 @@ def kv_wait_s(
     return excess * max(output * 0.5, 1.0) * tpot_s / held
 
 
+def joined_step_s(ledger: EngineLedger, own: Work, prompt_tokens: int, now: float) -> float:
+    """joined(e) = n · compute_e(m), m = min(u, room): the delay the request's first chunk of m
+    tokens adds to the n prefills of this router's whose last chunk is in the step it joins on
+    e, the room that step's budget has left (`PrefillQueue.sharers`; call after the backlog)."""
+    sharing, room = ledger.queue.sharers(now, ledger.streams)
+    if not sharing or own.tokens <= 0.0:
+        return 0.0
+    chunk = min(own.tokens, room)
+    cached = prompt_tokens - own.tokens
+    return sharing * ledger.costs.prefill_compute_s(chunk, chunk * (cached + chunk * 0.5))
+
+
 def decode_candidate(engine: Engine, ledger: EngineLedger, inputs: PlacementInputs) -> Candidate:
     """The local prediction on decode engine `engine` (module docstring)."""
     costs = ledger.costs
@@ -339,13 +361,15 @@ def decode_candidate(engine: Engine, ledger: EngineLedger, inputs: PlacementInpu
     if overflows:
         meet = ttft_meet = 0.0
     waiters = streams + ledger.handoffs_due
+    step_delay = joined_step_s(ledger, own, prompt, inputs.now)
     return Candidate(
         engine, ledger, own, backlog, open_ahead, ahead, through, ttft, stall, share, tpot, streams,
         waiters,
+        step_delay,
         context,
         meet,
         ttft_meet,
-        ttft + output.median * tpot + waiters * stall,
+        ttft + output.median * tpot + waiters * stall + step_delay,
         overflows,
         kv_wait,
     )  # fmt: skip
@@ -411,7 +435,10 @@ def _prefill_pick(engine: Engine, ledger: EngineLedger, inputs: PlacementInputs)
     through = through_first_token(ahead, own)
     load = decode_load(engine, ledger, inputs)
     ttft = first_token_s(ledger, backlog, through, load)
-    return PrefillPick(engine, ledger, own, backlog, ledger.queue.open, ahead, through, load, ttft)
+    step_delay = joined_step_s(ledger, own, inputs.prompt_tokens, inputs.now)
+    return PrefillPick(
+        engine, ledger, own, backlog, ledger.queue.open, ahead, through, load, ttft, step_delay
+    )
 
 
 def pace_unknown_and_tried(ledger: EngineLedger) -> bool:
@@ -560,11 +587,13 @@ def _disaggregate(
     """The P/D decision of mode auto (module docstring)."""
     q = inputs.meet_threshold
     now = inputs.now
-    local_delay = local.waiters * local.stall_s + queue_delay_s(
-        local.ledger, local.backlog_s, local.stall_s, now
+    local_delay = (
+        local.waiters * local.stall_s
+        + local.step_delay_s
+        + queue_delay_s(local.ledger, local.backlog_s, local.stall_s, now)
     )
     pd_compute = pick.ledger.costs.prefill_compute_s(pick.own.tokens, pick.own.pairs)
-    pd_delay = queue_delay_s(pick.ledger, pick.backlog_s, pd_compute, now)
+    pd_delay = pick.step_delay_s + queue_delay_s(pick.ledger, pick.backlog_s, pd_compute, now)
     if pd_ttft + pd_delay <= local.ttft_s + local_delay and (
         pd_ttft <= local.ttft_s
         or pd_ttft_meet >= q

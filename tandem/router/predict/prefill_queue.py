@@ -12,8 +12,12 @@ holding X context tokens, takes
     seed(n, p) = s0 + s1 · n / 1000 + s2 · p / 10⁶ + d1 · D + d2 · X / 1000
 
 in seed seconds (the timing profile's seeds, `cost_model.py`) scaled by the queue's pace κ_q.
-`advance(t)` completes every step that ends by t; the step in flight ends at `step_end`. The
-engine time until the work still queued is done, at the decode load of the moment, is
+`advance(t)` completes every step that ends by t; the step in flight runs from `step_start` to
+`step_end`. Prefill work that comes to an engine with none of it finds a decode step in flight
+when D > 0, half done on average: its first step starts κ_q · (s0 + d1 · D + d2 · X / 1000) / 2
+later (`in_flight_s`), and every prefill placed before then joins that step (the scheduler
+forms a step from all that waits when it starts). The engine time until the work still queued
+is done, at the decode load of the moment, is
 
     drain(t) = max(step_end - t, 0) + κ_q · (k · (s0 + d1 · D + d2 · X / 1000) + s1 · T / 1000
                                             + s2 · P / 10⁶),    k = ⌈T / max(C - D, 1)⌉
@@ -27,6 +31,13 @@ behind h that the replay did not end in h's last step is still to compute, whole
                  ended h)
 
 and the engine time left, until a first token corrects the replay, is max(drain(t), overdue(t)).
+
+A prefill placed at t joins, with its first chunk, the first step not yet started that has
+room left in its budget: the last of the steps the queued work will take (the step in flight,
+if it has not started). The entries whose last chunk is in that step take their first token at
+its end, so the new chunk delays each of them by its compute (`sharers`: their number, and the
+room, the tokens of the budget they leave; none when that step is full and the prefill would
+start one of its own).
 
 What the router observes corrects the replay. A first token (a P/D prefill's answer) of entry x
 means that x's prefill is over, and, as the engine takes prefills in order, so is every entry
@@ -48,6 +59,16 @@ the seed) weighing as W = PRIOR_SEED_SECONDS seed seconds. Each sample times wor
 router knows (y is first in line once x's step has ended), so it holds whether the replay ran
 ahead or lagged. The work other routers send to the engine lengthens t2 - t1 too: the pace is
 this router's share of the engine.
+
+A first token that comes within half a step of the last completion t1, sooner than
+κ_q · (s0 + d1 · max(D, 1) + d2 · X / 1000) / 2 after it, was computed in the step that ended at
+t1: vLLM fills a step's budget from everything waiting when the step starts, which the replay
+did not foresee for a prefill placed after it had planned that step. It ends no sample and
+starts none (the next one still starts at t1), and the seed of its tokens and of those ahead of
+it left in the replay, s1 · T / 1000 + s2 · P / 10⁶, joins the sample that ended at t1, whose
+time included them: S ← S + that seed. Taken as samples of their own, such first tokens
+(2 ms for 2,000 tokens) pulled the pace down; left out, the sample they shared a step with
+pushed it up.
 """
 
 from __future__ import annotations
@@ -110,17 +131,20 @@ class StepSeeds:
 class PrefillQueue:
     """The replay (module docstring). `scale` reads the cost model's κ, the pace's prior."""
 
-    __slots__ = ("_pending", "_sample_seconds", "_sample_seeds", "entries", "scale", "seeds",
-                 "step_end")  # fmt: skip
+    __slots__ = ("_pending", "_sample_seconds", "_sample_seeds", "_sampled", "_step_ended",
+                 "entries", "scale", "seeds", "step_end", "step_start")  # fmt: skip
 
     def __init__(self, seeds: StepSeeds, scale: Callable[[], float]) -> None:
         self.seeds = seeds
         self.scale = scale
         self.entries: deque[QueuedPrefill] = deque()
-        self.step_end = 0.0  # monotonic seconds: when the step in flight ends
+        self.step_start = 0.0  # monotonic seconds: when the step in flight starts
+        self.step_end = 0.0  # and when it ends
         self._sample_seconds = 0.0  # N
         self._sample_seeds = 0.0  # S
         self._pending: tuple[QueuedPrefill, float, float] | None = None  # (y, t1, seed_y)
+        self._step_ended = -math.inf  # the last completion not in the step before it
+        self._sampled = False  # whether that completion ended a pace sample
 
     @property
     def pace(self) -> float:
@@ -157,8 +181,17 @@ class PrefillQueue:
         idle = not self.busy
         self.entries.append(entry)
         if idle:
-            self.step_end = now + self._plan(streams, context)
+            self.step_start = now + self.in_flight_s(streams, context)
+        if idle or now < self.step_start:  # the step has not started: it joins it
+            self.step_end = self.step_start + self._plan(streams, context)
         return entry
+
+    def in_flight_s(self, streams: float, context: float) -> float:
+        """κ_q · (s0 + d1 · D + d2 · X / 1000) / 2 when D > 0, else 0: the expected rest of the
+        decode step in flight when prefill work comes to an engine with none of it."""
+        if streams <= 0.0:
+            return 0.0
+        return self.pace * self.seeds.fixed(streams, context) * 0.5
 
     def advance(self, now: float, streams: float, context: float) -> None:
         """Completes every step that ends by `now`, each next step planned at the decode load
@@ -168,6 +201,7 @@ class PrefillQueue:
             for entry in self.entries:
                 entry.end_step(self.step_end)
             if self.busy:
+                self.step_start = self.step_end
                 self.step_end += self._plan(streams, context)
 
     def _plan(self, streams: float, context: float) -> float:
@@ -205,6 +239,28 @@ class PrefillQueue:
         )
         return max(replayed, overdue)
 
+    def sharers(self, now: float, streams: float) -> tuple[int, float]:
+        """(n, room): the entries whose last chunk is in the step a prefill placed at `now`
+        would start in, and the tokens of that step's budget they leave it (module docstring);
+        (0, 0) when it would start a step of its own. Call after `drain_s` (it advances)."""
+        if not self.busy:
+            return 0, 0.0
+        started = now >= self.step_start
+        rest = [entry.left - (entry.in_step if started else 0.0) for entry in self.entries]
+        total = sum(rest)
+        budget = self.seeds.budget(streams)
+        steps = math.ceil(total / budget)
+        room = steps * budget - total
+        if total <= 0.0 or room <= 0.0:
+            return 0, 0.0
+        last_starts = (steps - 1) * budget
+        ending, end = 0, 0.0
+        for left in rest:
+            end += left
+            if left > 0.0 and end > last_starts:
+                ending += 1
+        return ending, room
+
     def _overdue_s(self, streams: float, context: float) -> float:
         """overdue (module docstring)."""
         entries = self.entries
@@ -233,14 +289,22 @@ class PrefillQueue:
     def complete(self, entry: QueuedPrefill, now: float, streams: float, context: float) -> None:
         """`entry`'s prefill is over at `now` (its first token, or its P/D prefill's answer): it
         and every entry ahead of it leave; a pace sample ends or starts (module docstring)."""
-        pending = self._pending
-        if pending is not None and pending[0] is entry:
-            forget = PACE_FORGET
-            self._sample_seconds = forget * self._sample_seconds + (now - pending[1])
-            self._sample_seeds = forget * self._sample_seeds + pending[2]
-        self._pending = None
         self.advance(now, streams, context)
         entries = self.entries
+        shared = now - self._step_ended < self.in_flight_s(max(streams, 1.0), context)
+        pending = self._pending
+        self._pending = None
+        if shared:  # computed in the step that ended then: its work was in that sample's time
+            if self._sampled and entry in entries:
+                self._sample_seeds += self._work_up_to(entry)
+            start = self._step_ended
+        else:
+            self._sampled = pending is not None and pending[0] is entry
+            if pending is not None and self._sampled:
+                forget = PACE_FORGET
+                self._sample_seconds = forget * self._sample_seconds + (now - pending[1])
+                self._sample_seeds = forget * self._sample_seeds + pending[2]
+            self._step_ended = start = now
         if entry in entries:
             lagging = entry.left > 0.0
             while entries.popleft() is not entry:
@@ -252,12 +316,27 @@ class PrefillQueue:
                 else:  # the replay ran ahead: nothing behind it is known computed
                     waiting.left = waiting.tokens
                     waiting.in_step = 0.0
+            self.step_start = now
             self.step_end = now + self._plan(streams, context) if self.busy else now
         first = next((waiting for waiting in entries if waiting.left > 0.0), None)
         if first is not None:
             left = first.left
             seed_y = self._seed_s(left, first.pairs(left, first.tokens - left), streams, context)
-            self._pending = (first, now, seed_y)
+            self._pending = (first, start, seed_y)
+
+    def _work_up_to(self, entry: QueuedPrefill) -> float:
+        """s1 · T / 1000 + s2 · P / 10⁶ over the tokens left of `entry` and the entries ahead of
+        it: what a step that computed them with its own work took on top of that work."""
+        seeds = self.seeds
+        seed = 0.0
+        for queued in self.entries:
+            left = queued.left
+            if left > 0.0:
+                pairs = queued.pairs(left, queued.tokens - left)
+                seed += seeds.s1 * left * 1e-3 + seeds.s2 * pairs * 1e-6
+            if queued is entry:
+                break
+        return seed
 
     def withdraw(self, entry: QueuedPrefill) -> None:
         """`entry` failed or was abandoned: it leaves alone, and is no pace sample."""
