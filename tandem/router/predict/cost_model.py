@@ -187,7 +187,7 @@ class EngineCosts:
         h0, h1 = self._handoff_seed
         seeds = self.seeds
         seed = h0 + h1 * prompt_tokens * 1e-3
-        if load.streams > 0.0:
+        if load.streams > 0.0:  # the streams' part of its step, and half the step in flight
             step = seeds.fixed(load.streams, load.context)
             seed += step - seeds.s0 + step * 0.5
         return seed

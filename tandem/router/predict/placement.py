@@ -191,9 +191,7 @@ class Candidate:
     tpot_s: float
     streams: float
     waiters: float  # streams + handoffs due: what its prefill delays (module docstring)
-    step_delay_s: (
-        float  # what it adds to the prefills ending in the step it joins (`joined_step_s`)
-    )
+    step_delay_s: float  # joined(d): its delay to the prefills ending in the step it joins
     context: float
     meet: float
     ttft_meet: float  # P(TTFT ≤ T_ttft), the factor of P(meet) the pick ranks by (0 on overflow)
@@ -218,7 +216,7 @@ class PrefillPick:
     through: Work
     load: DecodeLoad  # what each of its steps carries
     ttft_s: float  # the prefill's part, without the handoff
-    step_delay_s: float  # what it adds to the prefills ending in the step it joins
+    step_delay_s: float  # joined(p): its delay to the prefills ending in the step it joins
 
 
 @dataclass(frozen=True, slots=True)

@@ -248,10 +248,12 @@ class PrefillQueue:
         started = now >= self.step_start
         rest = [entry.left - (entry.in_step if started else 0.0) for entry in self.entries]
         total = sum(rest)
+        if total <= 0.0:  # the step in flight has it all: a prefill placed now starts the next
+            return 0, 0.0
         budget = self.seeds.budget(streams)
         steps = math.ceil(total / budget)
         room = steps * budget - total
-        if total <= 0.0 or room <= 0.0:
+        if room <= 0.0:
             return 0, 0.0
         last_starts = (steps - 1) * budget
         ending, end = 0, 0.0
