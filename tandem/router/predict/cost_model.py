@@ -177,10 +177,9 @@ class EngineCosts:
     ) -> float:
         seeds = self.seeds
         step = seeds.fixed(load.streams, load.context)
-        seed = self.steps(tokens, load.streams) * step + seeds.s1 * tokens * 1e-3
-        seed += seeds.s2 * pairs * 1e-6
-        if mid_step and load.streams > 0.0:
-            seed += step * 0.5
+        seed = self.steps(tokens, load.streams) * step + seeds.work(tokens, pairs)
+        if mid_step:
+            seed += seeds.in_flight(load.streams, load.context)
         return seed
 
     def _handoff_seed_s(self, prompt_tokens: float, load: DecodeLoad) -> float:
@@ -189,7 +188,7 @@ class EngineCosts:
         seed = h0 + h1 * prompt_tokens * 1e-3
         if load.streams > 0.0:  # the streams' part of its step, and half the step in flight
             step = seeds.fixed(load.streams, load.context)
-            seed += step - seeds.s0 + step * 0.5
+            seed += step - seeds.s0 + seeds.in_flight(load.streams, load.context)
         return seed
 
     def _step_seed_s(self, streams: float, context_tokens: float) -> float:
@@ -215,8 +214,7 @@ class EngineCosts:
     def prefill_compute_s(self, tokens: float, pairs: float) -> float:
         """κ · (s1 · tokens / 1000 + s2 · pairs / 10⁶): the engine time a prefill's tokens take,
         what a local prefill stalls the streams decoding beside it for."""
-        seeds = self.seeds
-        return self.prefill.theta[1] * (seeds.s1 * tokens * 1e-3 + seeds.s2 * pairs * 1e-6)
+        return self.prefill.theta[1] * self.seeds.work(tokens, pairs)
 
     def handoff_s(self, prompt_tokens: float, load: DecodeLoad = IDLE) -> float:
         """a + κ · s: the KV pull and the first decode step beside the decode `load` (module

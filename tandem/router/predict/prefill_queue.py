@@ -123,6 +123,14 @@ class StepSeeds:
         """The seed seconds of a step before its prefill: s0 + d1 · D + d2 · X / 1000."""
         return self.s0 + self.d1 * streams + self.d2 * context * 1e-3
 
+    def work(self, tokens: float, pairs: float) -> float:
+        """The seed seconds of prefill tokens and their pairs: s1 · T / 1000 + s2 · P / 10⁶."""
+        return self.s1 * tokens * 1e-3 + self.s2 * pairs * 1e-6
+
+    def in_flight(self, streams: float, context: float) -> float:
+        """Half a decode step when D > 0, else 0: the expected rest of the step in flight."""
+        return self.fixed(streams, context) * 0.5 if streams > 0.0 else 0.0
+
     def budget(self, streams: float) -> float:
         """max(C - D, 1): the prefill tokens one step takes beside D streams."""
         return max(self.chunk_tokens - streams, 1.0)
@@ -189,9 +197,7 @@ class PrefillQueue:
     def in_flight_s(self, streams: float, context: float) -> float:
         """κ_q · (s0 + d1 · D + d2 · X / 1000) / 2 when D > 0, else 0: the expected rest of the
         decode step in flight when prefill work comes to an engine with none of it."""
-        if streams <= 0.0:
-            return 0.0
-        return self.pace * self.seeds.fixed(streams, context) * 0.5
+        return self.pace * self.seeds.in_flight(streams, context)
 
     def advance(self, now: float, streams: float, context: float) -> None:
         """Completes every step that ends by `now`, each next step planned at the decode load
@@ -219,7 +225,7 @@ class PrefillQueue:
             pairs += entry.pairs(take, entry.tokens - entry.left)
             tokens += take
             budget -= take
-        seed = seeds.fixed(streams, context) + seeds.s1 * tokens * 1e-3 + seeds.s2 * pairs * 1e-6
+        seed = seeds.fixed(streams, context) + seeds.work(tokens, pairs)
         return self.pace * seed
 
     def drain_s(self, now: float, streams: float, context: float) -> float:
@@ -282,11 +288,7 @@ class PrefillQueue:
             return 0.0
         seeds = self.seeds
         steps = math.ceil(tokens / seeds.budget(streams))
-        return (
-            steps * seeds.fixed(streams, context)
-            + seeds.s1 * tokens * 1e-3
-            + seeds.s2 * pairs * 1e-6
-        )
+        return steps * seeds.fixed(streams, context) + seeds.work(tokens, pairs)
 
     def complete(self, entry: QueuedPrefill, now: float, streams: float, context: float) -> None:
         """`entry`'s prefill is over at `now` (its first token, or its P/D prefill's answer): it
@@ -334,8 +336,7 @@ class PrefillQueue:
         for queued in self.entries:
             left = queued.left
             if left > 0.0:
-                pairs = queued.pairs(left, queued.tokens - left)
-                seed += seeds.s1 * left * 1e-3 + seeds.s2 * pairs * 1e-6
+                seed += seeds.work(left, queued.pairs(left, queued.tokens - left))
             if queued is entry:
                 break
         return seed
