@@ -606,11 +606,38 @@ def test_a_prefill_engine_slower_under_load_than_its_model_loses_its_requests() 
         slow.complete(first, 10.0 + i + 0.01, 0.0, 0.0)
         slow.complete(second, 10.0 + i + 0.01 + 2 * seed, 0.0, 0.0)
     assert slow.pace == pytest.approx(2.0, rel=0.1)  # the prior still weighs a little
+    behind(ledger_of(p1), 400)  # now both have the same work open: p1's waits at its pace
     placement = place([d], [p1, p2], ledger_of, inputs, "auto")
     assert placement.prefill is not None
     assert placement.prefill.engine is p2
     assert placement.prefill_ranking == [p2, p1]
     assert decode_candidate(d, ledger_of(d), inputs).ttft_s == pytest.approx(0.205 + 0.055)
+
+
+def test_a_prefill_alone_is_predicted_by_the_model_of_prefills_alone() -> None:
+    """κ is learned from prefills that met an idle engine, the queue's pace κ_q from those that
+    waited in line: each predicts its own kind, and κ_q an engine never observed alone."""
+    _, ledger_of = ledger_table()
+    d = engine("d", "decode")
+    ledger = ledger_of(d)
+    queue = ledger.queue
+    seed = 0.005 + 0.025 * 2  # a prefill of 2,000 tokens at the seeds
+    for i in range(40):  # in line, each prefill takes twice its seed; alone, its seed
+        first = queue.add(10.0 + i, 2000, 0.0, 0.0, 0.0)
+        second = queue.add(10.0 + i, 2000, 0.0, 0.0, 0.0)
+        queue.complete(first, 10.0 + i + 0.01, 0.0, 0.0)
+        queue.complete(second, 10.0 + i + 0.01 + 2 * seed, 0.0, 0.0)
+    assert queue.pace == pytest.approx(2.0, rel=0.1)
+    inputs = inputs_for(2000)
+    assert decode_candidate(d, ledger, inputs).ttft_s == pytest.approx(seed)  # idle: κ = 1
+    ahead = behind(ledger, 2000)  # 2,000 tokens ahead, then its own, both at the pace
+    candidate = decode_candidate(d, ledger, inputs)
+    assert candidate.backlog_s == pytest.approx(queue.pace * seed)
+    assert candidate.ttft_s == pytest.approx(2 * queue.pace * seed)
+    ledger.work_done(100.0, ahead, computed=False)
+    assert decode_candidate(d, ledger, inputs).ttft_s == pytest.approx(seed)
+    ledger.costs.prefill.samples = 0  # never observed alone: its seed is no measure of it
+    assert decode_candidate(d, ledger, inputs).ttft_s == pytest.approx(queue.pace * seed)
 
 
 def test_pick_prefers_the_cached_engine_and_the_idle_one() -> None:

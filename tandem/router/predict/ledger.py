@@ -144,11 +144,21 @@ class EngineLedger:
         return self.queue.drain_s(now, self.streams, self.stream_tokens)
 
     def prefill_s(
-        self, tokens: float, pairs: float, load: DecodeLoad, *, mid_step: bool = False
+        self,
+        tokens: float,
+        pairs: float,
+        load: DecodeLoad,
+        *,
+        mid_step: bool = False,
+        alone: bool = False,
     ) -> float:
         """The prefill model's a + κ_q · seed (`cost_model.py`): its fixed part, at the queue's
-        pace (`prefill_queue.py`, whose prior is the model's κ)."""
-        return self.costs.prefill_s(tokens, pairs, load, mid_step=mid_step, pace=self.queue.pace)
+        pace (`prefill_queue.py`, whose prior is the model's κ); a + κ · seed for a prefill
+        `alone` on the engine (nothing ahead of it) once the engine has been observed so: κ is
+        learned from exactly such prefills, the pace from prefills that waited in line."""
+        alone_observed = alone and self.costs.prefill.samples > 0
+        pace = None if alone_observed else self.queue.pace
+        return self.costs.prefill_s(tokens, pairs, load, mid_step=mid_step, pace=pace)
 
     def queue_work(self, now: float, tokens: float, pairs: float) -> QueuedPrefill:
         """A prefill of `tokens` with `pairs` attention pairs placed at `now`; returns its entry."""

@@ -33,7 +33,9 @@ its targets (T_ttft, T_tpot, `slo.py`) and block size B, with each engine's lear
 
   local on decode engine d:
     TTFT  = max(backlog(d) + prefill_s_d(through(d)), kv_wait(d) + prefill_s_d(own))
-            (prefill_s at the queue's pace: a + κ_q · seed, `ledger.prefill_s`; every step of it
+            (prefill_s at the queue's pace: a + κ_q · seed, `ledger.prefill_s`; alone, with
+            backlog(d) = 0 and ahead(d) = 0 on an engine observed so, a + κ · seed: κ learns
+            from exactly such prefills, κ_q from prefills that waited in line; every step of it
             carries d's decode load, streams(d) and context(d), and one that starts with
             backlog(d) = 0 waits for half a decode step in flight first: `cost_model.py`)
     stall = prefill_compute_s_d(own work)  (what each stream decoding on d waits for it)
@@ -276,12 +278,16 @@ def decode_load(engine: Engine, ledger: EngineLedger, inputs: PlacementInputs) -
     return DecodeLoad(streams, context)
 
 
-def first_token_s(ledger: EngineLedger, backlog_s: float, through: Work, load: DecodeLoad) -> float:
+def first_token_s(
+    ledger: EngineLedger, backlog_s: float, ahead: Work, own: Work, load: DecodeLoad
+) -> float:
     """backlog(e) + prefill_s_e(through(e)) beside the engine's decode load, mid-step when
-    nothing of this router's is ahead (`cost_model.py`): the engine's time to the request's
-    first token."""
+    nothing of this router's is ahead (`cost_model.py`), alone when nothing is
+    (`EngineLedger.prefill_s`): the engine's time to the request's first token."""
+    through = through_first_token(ahead, own)
+    idle = backlog_s <= 0.0
     return backlog_s + ledger.prefill_s(
-        through.tokens, through.pairs, load, mid_step=backlog_s <= 0.0
+        through.tokens, through.pairs, load, mid_step=idle, alone=idle and ahead.tokens <= 0.0
     )
 
 
@@ -349,7 +355,7 @@ def decode_candidate(engine: Engine, ledger: EngineLedger, inputs: PlacementInpu
         costs.step_s(streams + 1, context + prompt + output.median * 0.5), share
     )
     kv_wait = kv_wait_s(engine, ledger, own.tokens, streams, tpot, output.median)
-    ttft = first_token_s(ledger, backlog, through, load)
+    ttft = first_token_s(ledger, backlog, ahead, own, load)
     if kv_wait > 0.0:
         ttft = max(ttft, kv_wait + ledger.prefill_s(own.tokens, own.pairs, load))
     target = inputs.target
@@ -432,7 +438,7 @@ def _prefill_pick(engine: Engine, ledger: EngineLedger, inputs: PlacementInputs)
     backlog = ledger.backlog_s(inputs.now)
     through = through_first_token(ahead, own)
     load = decode_load(engine, ledger, inputs)
-    ttft = first_token_s(ledger, backlog, through, load)
+    ttft = first_token_s(ledger, backlog, ahead, own, load)
     step_delay = joined_step_s(ledger, own, inputs.prompt_tokens, inputs.now)
     return PrefillPick(
         engine, ledger, own, backlog, ledger.queue.open, ahead, through, load, ttft, step_delay
