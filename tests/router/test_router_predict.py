@@ -40,7 +40,7 @@ from tandem.router.predict.placement import (
     through_first_token,
 )
 from tandem.router.predict.predictor import MAX_HOLD_S, MIN_TPOT_TOKENS, Predictor, Ticket
-from tandem.router.predict.prefill_queue import QueuedPrefill
+from tandem.router.predict.prefill_queue import PrefillQueue, QueuedPrefill
 from tandem.router.predict.slo import SloTarget, meet_probability, slo_class, slo_target
 from tandem.router.relay import completion_tokens
 
@@ -587,6 +587,18 @@ def test_an_observation_of_nothing_teaches_nothing() -> None:
     assert predictor.observe_error("ttft", 0.5, 1.0) == pytest.approx(math.log(2.0))
 
 
+SEED_2000 = 0.005 + 0.025 * 2  # a prefill of 2,000 tokens at the seeds of `ledger_table`
+
+
+def teach_a_pace_of_two(queue: PrefillQueue) -> None:
+    """Forty pairs of 2,000-token prefills in line, the second of each taking twice its seed."""
+    for i in range(40):
+        first = queue.add(10.0 + i, 2000, 0.0, 0.0, 0.0)
+        second = queue.add(10.0 + i, 2000, 0.0, 0.0, 0.0)
+        queue.complete(first, 10.0 + i + 0.01, 0.0, 0.0)
+        queue.complete(second, 10.0 + i + 0.01 + 2 * SEED_2000, 0.0, 0.0)
+
+
 def test_a_prefill_engine_slower_under_load_than_its_model_loses_its_requests() -> None:
     """The cost models learn only from requests with nothing ahead; the queue's pace, from the
     first tokens under load, moves the P/D prefill to the engine that keeps its predictions."""
@@ -599,12 +611,7 @@ def test_a_prefill_engine_slower_under_load_than_its_model_loses_its_requests() 
     assert placement.prefill is not None
     assert placement.prefill.engine is p1
     slow = ledger_of(p1).queue
-    seed = 0.005 + 0.025 * 2  # a prefill of 2,000 tokens at p1's seeds
-    for i in range(40):  # p1's prefills under load take twice the predicted time
-        first = slow.add(10.0 + i, 2000, 0.0, 0.0, 0.0)
-        second = slow.add(10.0 + i, 2000, 0.0, 0.0, 0.0)
-        slow.complete(first, 10.0 + i + 0.01, 0.0, 0.0)
-        slow.complete(second, 10.0 + i + 0.01 + 2 * seed, 0.0, 0.0)
+    teach_a_pace_of_two(slow)  # p1's prefills under load take twice the predicted time
     assert slow.pace == pytest.approx(2.0, rel=0.1)  # the prior still weighs a little
     behind(ledger_of(p1), 400)  # now both have the same work open: p1's waits at its pace
     placement = place([d], [p1, p2], ledger_of, inputs, "auto")
@@ -621,23 +628,18 @@ def test_a_prefill_alone_is_predicted_by_the_model_of_prefills_alone() -> None:
     d = engine("d", "decode")
     ledger = ledger_of(d)
     queue = ledger.queue
-    seed = 0.005 + 0.025 * 2  # a prefill of 2,000 tokens at the seeds
-    for i in range(40):  # in line, each prefill takes twice its seed; alone, its seed
-        first = queue.add(10.0 + i, 2000, 0.0, 0.0, 0.0)
-        second = queue.add(10.0 + i, 2000, 0.0, 0.0, 0.0)
-        queue.complete(first, 10.0 + i + 0.01, 0.0, 0.0)
-        queue.complete(second, 10.0 + i + 0.01 + 2 * seed, 0.0, 0.0)
+    teach_a_pace_of_two(queue)  # in line, each prefill takes twice its seed; alone, its seed
     assert queue.pace == pytest.approx(2.0, rel=0.1)
     inputs = inputs_for(2000)
-    assert decode_candidate(d, ledger, inputs).ttft_s == pytest.approx(seed)  # idle: κ = 1
+    assert decode_candidate(d, ledger, inputs).ttft_s == pytest.approx(SEED_2000)  # idle: κ = 1
     ahead = behind(ledger, 2000)  # 2,000 tokens ahead, then its own, both at the pace
     candidate = decode_candidate(d, ledger, inputs)
-    assert candidate.backlog_s == pytest.approx(queue.pace * seed)
-    assert candidate.ttft_s == pytest.approx(2 * queue.pace * seed)
+    assert candidate.backlog_s == pytest.approx(queue.pace * SEED_2000)
+    assert candidate.ttft_s == pytest.approx(2 * queue.pace * SEED_2000)
     ledger.work_done(100.0, ahead, computed=False)
-    assert decode_candidate(d, ledger, inputs).ttft_s == pytest.approx(seed)
+    assert decode_candidate(d, ledger, inputs).ttft_s == pytest.approx(SEED_2000)
     ledger.costs.prefill.samples = 0  # never observed alone: its seed is no measure of it
-    assert decode_candidate(d, ledger, inputs).ttft_s == pytest.approx(queue.pace * seed)
+    assert decode_candidate(d, ledger, inputs).ttft_s == pytest.approx(queue.pace * SEED_2000)
 
 
 def test_pick_prefers_the_cached_engine_and_the_idle_one() -> None:

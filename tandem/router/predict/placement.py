@@ -279,12 +279,11 @@ def decode_load(engine: Engine, ledger: EngineLedger, inputs: PlacementInputs) -
 
 
 def first_token_s(
-    ledger: EngineLedger, backlog_s: float, ahead: Work, own: Work, load: DecodeLoad
+    ledger: EngineLedger, backlog_s: float, ahead: Work, through: Work, load: DecodeLoad
 ) -> float:
     """backlog(e) + prefill_s_e(through(e)) beside the engine's decode load, mid-step when
     nothing of this router's is ahead (`cost_model.py`), alone when nothing is
     (`EngineLedger.prefill_s`): the engine's time to the request's first token."""
-    through = through_first_token(ahead, own)
     idle = backlog_s <= 0.0
     return backlog_s + ledger.prefill_s(
         through.tokens, through.pairs, load, mid_step=idle, alone=idle and ahead.tokens <= 0.0
@@ -355,7 +354,7 @@ def decode_candidate(engine: Engine, ledger: EngineLedger, inputs: PlacementInpu
         costs.step_s(streams + 1, context + prompt + output.median * 0.5), share
     )
     kv_wait = kv_wait_s(engine, ledger, own.tokens, streams, tpot, output.median)
-    ttft = first_token_s(ledger, backlog, ahead, own, load)
+    ttft = first_token_s(ledger, backlog, ahead, through, load)
     if kv_wait > 0.0:
         ttft = max(ttft, kv_wait + ledger.prefill_s(own.tokens, own.pairs, load))
     target = inputs.target
@@ -438,7 +437,7 @@ def _prefill_pick(engine: Engine, ledger: EngineLedger, inputs: PlacementInputs)
     backlog = ledger.backlog_s(inputs.now)
     through = through_first_token(ahead, own)
     load = decode_load(engine, ledger, inputs)
-    ttft = first_token_s(ledger, backlog, ahead, own, load)
+    ttft = first_token_s(ledger, backlog, ahead, through, load)
     step_delay = joined_step_s(ledger, own, inputs.prompt_tokens, inputs.now)
     return PrefillPick(
         engine, ledger, own, backlog, ledger.queue.open, ahead, through, load, ttft, step_delay
