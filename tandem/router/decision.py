@@ -15,8 +15,9 @@ from enum import StrEnum
 from tandem.common.routing import DisaggregationConfig
 from tandem.router.config import RouterConfig
 from tandem.router.engines import Engine
+from tandem.router.predict.candidate import Placement, PlacementInputs
 from tandem.router.predict.output_length import LengthKeys, LengthPrediction
-from tandem.router.predict.placement import Placement, PlacementInputs, place
+from tandem.router.predict.placement import place
 from tandem.router.predict.predictor import Predictor
 from tandem.router.predict.slo import SloTarget
 from tandem.router.rendezvous import hrw_order

@@ -12,8 +12,9 @@ import pytest
 from tandem.common.routing import PredictiveConfig
 from tandem.router.engines import Engine
 from tandem.router.metrics import RouterMetrics
+from tandem.router.predict.candidate import PlacementInputs
 from tandem.router.predict.output_length import length_keys
-from tandem.router.predict.placement import PlacementInputs, place
+from tandem.router.predict.placement import place
 from tandem.router.predict.predictor import MIN_TPOT_TOKENS, Predictor
 from tandem.router.predict.slo import SloTarget
 
@@ -55,6 +56,7 @@ def test_the_explain_line_lists_every_candidate_as_weighed() -> None:
     assert model["fixed_ms"] > 0.0
     assert model["scale"] > 1.0
     assert model["pace"] == model["scale"]  # no pace sample yet: its prior, the model's κ
+    assert line["prefill_pace"] == 1.0  # predicted on a's seed: the model learned at its answer
 
 
 def test_passed_over_files_each_lost_hit_under_its_reason() -> None:

@@ -17,28 +17,25 @@ from tandem.router.config import RouterConfig
 from tandem.router.decision import PredictiveInputs, Route, RouteInputs, plan_route
 from tandem.router.engines import Engine
 from tandem.router.metrics import RouterMetrics
+from tandem.router.predict.candidate import (
+    Placement,
+    PlacementInputs,
+    Work,
+    decode_candidate,
+    handoff_wait_s,
+    kv_overflows,
+    stream_slack_s,
+    through_first_token,
+)
 from tandem.router.predict.cost_model import IDLE, DecodeLoad, EngineCosts, OnlineLinear
+from tandem.router.predict.disaggregation import handoff_decode, queue_delay_s
 from tandem.router.predict.ledger import EngineLedger
 from tandem.router.predict.output_length import (
     LengthPrediction,
     OutputLengthModel,
     length_keys,
 )
-from tandem.router.predict.placement import (
-    Placement,
-    PlacementInputs,
-    Work,
-    decode_candidate,
-    due_for_probe,
-    handoff_decode,
-    handoff_wait_s,
-    kv_overflows,
-    place,
-    queue_delay_s,
-    retry_after_s,
-    stream_slack_s,
-    through_first_token,
-)
+from tandem.router.predict.placement import due_for_probe, place, retry_after_s
 from tandem.router.predict.predictor import MAX_HOLD_S, MIN_TPOT_TOKENS, Predictor, Ticket
 from tandem.router.predict.prefill_queue import PrefillQueue, QueuedPrefill
 from tandem.router.predict.slo import SloTarget, meet_probability, slo_class, slo_target
@@ -631,11 +628,13 @@ def test_a_prefill_alone_is_predicted_by_the_model_of_prefills_alone() -> None:
     teach_a_pace_of_two(queue)  # in line, each prefill takes twice its seed; alone, its seed
     assert queue.pace == pytest.approx(2.0, rel=0.1)
     inputs = inputs_for(2000)
-    assert decode_candidate(d, ledger, inputs).ttft_s == pytest.approx(SEED_2000)  # idle: κ = 1
+    alone = decode_candidate(d, ledger, inputs)
+    assert (alone.ttft_s, alone.pace) == pytest.approx((SEED_2000, 1.0))  # idle: κ = 1
     ahead = behind(ledger, 2000)  # 2,000 tokens ahead, then its own, both at the pace
     candidate = decode_candidate(d, ledger, inputs)
     assert candidate.backlog_s == pytest.approx(queue.pace * SEED_2000)
     assert candidate.ttft_s == pytest.approx(2 * queue.pace * SEED_2000)
+    assert candidate.pace == queue.pace
     ledger.work_done(100.0, ahead, computed=False)
     assert decode_candidate(d, ledger, inputs).ttft_s == pytest.approx(SEED_2000)
     ledger.costs.prefill.samples = 0  # never observed alone: its seed is no measure of it

@@ -34,7 +34,7 @@ behind what is placed there now.
 
 Every stream also counts the prefills that land on its engine while it runs. The engine keeps a
 stall clock S(t) = Σ s_i over every prefill placed there so far; a stream that starts at t0 with
-a slack b0 (`placement.stream_slack_s`: the stall its TPOT target can absorb over its life) has
+a slack b0 (`candidate.stream_slack_s`: the stall its TPOT target can absorb over its life) has
 
     slack(t) = b0 - (S(t) - S(t0)) = key - S(t),    key = b0 + S(t0)
 
@@ -143,22 +143,18 @@ class EngineLedger:
         """backlog(now) (module docstring)."""
         return self.queue.drain_s(now, self.streams, self.stream_tokens)
 
-    def prefill_s(
-        self,
-        tokens: float,
-        pairs: float,
-        load: DecodeLoad,
-        *,
-        mid_step: bool = False,
-        alone: bool = False,
-    ) -> float:
-        """The prefill model's a + κ_q · seed (`cost_model.py`): its fixed part, at the queue's
-        pace (`prefill_queue.py`, whose prior is the model's κ); a + κ · seed for a prefill
-        `alone` on the engine (nothing ahead of it) once the engine has been observed so: κ is
-        learned from exactly such prefills, the pace from prefills that waited in line."""
-        alone_observed = alone and self.costs.prefill.samples > 0
-        pace = None if alone_observed else self.queue.pace
-        return self.costs.prefill_s(tokens, pairs, load, mid_step=mid_step, pace=pace)
+    def pace(self, *, alone: bool) -> float:
+        """The scale of a prefill's seed (`cost_model.py`): the queue's pace κ_q
+        (`prefill_queue.py`, whose prior is the model's κ); the model's κ for a prefill `alone`
+        on the engine (nothing ahead of it) once the engine has been observed so: κ is learned
+        from exactly such prefills, the pace from prefills that waited in line."""
+        prefill = self.costs.prefill
+        return prefill.theta[1] if alone and prefill.samples > 0 else self.queue.pace
+
+    def prefill_s(self, tokens: float, pairs: float, load: DecodeLoad) -> float:
+        """The prefill model's a + κ_q · seed (`cost_model.py`) of work behind others: its fixed
+        part at the queue's pace."""
+        return self.costs.prefill_s(tokens, pairs, load, pace=self.queue.pace)
 
     def queue_work(self, now: float, tokens: float, pairs: float) -> QueuedPrefill:
         """A prefill of `tokens` with `pairs` attention pairs placed at `now`; returns its entry."""
@@ -210,7 +206,7 @@ class EngineLedger:
     def handoffs_missed(self, until: float) -> int:
         """The handoffs due here, still prefilling elsewhere and predicted to meet their TTFT
         target, whose deadline comes before `until`: those a prefill holding the engine's step
-        budget until then takes past their target (`placement.handoffs_missed`)."""
+        budget until then takes past their target (`disaggregation.handoffs_missed`)."""
         return sum(1 for deadline in self.handoff_deadlines.values() if deadline < until)
 
     def pull_started(self) -> None:

@@ -57,18 +57,12 @@ from typing import Any
 from tandem.common.routing import PredictiveConfig
 from tandem.router.engines import Engine
 from tandem.router.metrics import RouterMetrics
+from tandem.router.predict.candidate import MAX_SHARE, Placement, PrefillPick, stream_slack_s
 from tandem.router.predict.cost_model import EngineCosts
+from tandem.router.predict.disaggregation import fills_step_budget, handoff_decode
 from tandem.router.predict.ledger import EngineLedger
 from tandem.router.predict.output_length import LengthKeys, LengthPrediction, OutputLengthModel
-from tandem.router.predict.placement import (
-    MAX_SHARE,
-    Placement,
-    PrefillPick,
-    chosen_first,
-    fills_step_budget,
-    handoff_decode,
-    stream_slack_s,
-)
+from tandem.router.predict.placement import chosen_first
 from tandem.router.predict.slo import SloTarget
 
 log = logging.getLogger(__name__)
@@ -292,7 +286,7 @@ class Ticket:
 
     def hand_off(self, healthy: Sequence[Engine], now: float) -> Engine:
         """The P/D prefill handed off its KV at `now`: the decode engine to pull it, chosen again
-        among the `healthy` ones (`placement.handoff_decode`). When that is another engine than
+        among the `healthy` ones (`disaggregation.handoff_decode`). When that is another engine than
         planned, the plan's decode part, handoff wait and TTFT become that engine's (its prefill
         part as predicted), and what the request holds of the decode engine moves there."""
         placement = self.placement
@@ -402,7 +396,8 @@ class Ticket:
         """The predicted TTFT split into its terms beside what was observed (ms; the debug log's
         line per request): the work ahead and its own (tokens), the decode load its prefill's
         steps carry (streams, context tokens), the prefilling engine's model as it stands at the
-        end (`prefill_model`), the prefill part, the wait on the decode engine and the handoff
+        end (`prefill_model`), the pace its prefill was predicted at (the model's κ alone on the
+        engine, else the queue's κ_q: `EngineLedger.pace`), the prefill part, the wait on the decode engine and the handoff
         after a P/D prefill,
         and the observed wait from the plan to the first upstream request, upstream TTFT, P/D
         prefill, handoff and TPOT, the clock readings (s) of the placement, the first upstream
@@ -446,6 +441,7 @@ class Ticket:
             "backlog_ms": ms(part.backlog_s),
             "load": [part.load.streams, round(part.load.context)],
             "prefill_model": prefill_model(part.ledger),
+            "prefill_pace": round(part.pace, 3),
             "through": part.through.tokens,
             "streams": decode.streams,
             "output": output_tokens,
