@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from e2e.harness.tools import Clients
-from tandem.operator.api import parse_manifest
 from tandem.operator.kinds import CHILD_KINDS
+from tandem.operator.manifest import parse_manifest
 
 pytestmark = pytest.mark.e2e
 

@@ -17,7 +17,7 @@ import yaml
 
 from e2e.harness.kube import crd_established, eventually
 from e2e.harness.tools import Clients
-from tandem.operator.api import parse_manifest
+from tandem.operator.manifest import parse_manifest
 from tandem.operator.render import render
 
 pytestmark = pytest.mark.e2e

@@ -24,9 +24,9 @@ from e2e.harness.kube import eventually, gone
 from e2e.harness.podrunner import PodRunner, RunningPod
 from e2e.harness.podspec import expand
 from e2e.harness.tools import Clients
+from tandem.operator.common_render import ROUTER_ADMIN_PORT
 from tandem.operator.kinds import CHILD_KINDS
 from tandem.operator.kube import Kube
-from tandem.operator.render import ROUTER_ADMIN_PORT
 
 pytestmark = pytest.mark.e2e
 

@@ -14,7 +14,7 @@ import yaml
 
 from tandem import __version__
 from tandem.cli import SUBCOMMANDS
-from tandem.operator.api import DEFAULT_ROUTER_IMAGE
+from tandem.operator.api_router import DEFAULT_ROUTER_IMAGE
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = ROOT / "Dockerfile"

@@ -17,7 +17,8 @@ from tandem.common.ports import bound_free_port
 from tandem.local.plan import LOCALHOST, LocalOptions, LocalPlan, build_plan
 from tandem.local.supervisor import Supervisor
 from tandem.local.zero import LocalZero, stop_task
-from tandem.operator.api import ServingCluster, load_manifest, parse_manifest
+from tandem.operator.api import ServingCluster
+from tandem.operator.manifest import load_manifest, parse_manifest
 
 PROFILES_DIR = Path(__file__).resolve().parent.parent / "emulator" / "profiles"
 DEFAULT_PROFILE = PROFILES_DIR / "h200-llama-3.1-8b.yaml"

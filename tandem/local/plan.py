@@ -18,15 +18,9 @@ from typing import Any, Literal
 from tandem.common.roles import Role
 from tandem.local.devices import EngineNeed, Machine, assign_devices
 from tandem.operator.api import ServingCluster, pool_replicas
-from tandem.operator.render import (
-    ENGINE_KEY_ENV,
-    EnginePorts,
-    disaggregated,
-    rendered_roles,
-    router_config,
-    vllm_args,
-    vllm_env,
-)
+from tandem.operator.common_render import ENGINE_KEY_ENV, EnginePorts, disaggregated, rendered_roles
+from tandem.operator.engine_render import vllm_args, vllm_env
+from tandem.operator.router_render import router_config
 from tandem.operator.tokenizer import (
     FETCH_CONTAINER,
     FETCH_SCRIPT,

@@ -29,7 +29,8 @@ from tandem.local.devices import DeviceError, probe_machine
 from tandem.local.gateway import gateway_groups, gateway_process
 from tandem.local.plan import LocalOptions, LocalPlan
 from tandem.local.supervisor import StartupError, Supervisor
-from tandem.operator.api import ManifestError, ServingCluster
+from tandem.operator.api import ServingCluster
+from tandem.operator.manifest import ManifestError
 
 DEFAULT_ROUTER_PORT = 8000
 

@@ -9,14 +9,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from tandem.operator.api import (
-    API_VERSION,
-    KIND,
-    MAX_NAME_LENGTH,
-    Quantity,
-    ServingClusterSpec,
-    ServingClusterStatus,
-)
+from tandem.operator.api import API_VERSION, KIND, ServingClusterSpec
+from tandem.operator.api_model import MAX_NAME_LENGTH, Quantity
+from tandem.operator.api_status import ServingClusterStatus
 from tandem.operator.crd import field_default, model_classes
 
 INTRO = f"""# ServingCluster API reference ({API_VERSION})

@@ -13,7 +13,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
+
+from tandem.common.roles import LABEL_CLUSTER
+from tandem.operator.api import ServingCluster
+from tandem.operator.common_render import LABEL_MANAGED_BY, MANAGED_BY
+from tandem.operator.reconcile_plan import ObjectKey
 
 Key = tuple[str, str]  # (namespace, name)
 
@@ -95,3 +101,19 @@ class ChildUids:
                 self._by_cluster.pop(cluster, None)
             else:
                 self._by_cluster.get(cluster, {}).pop(child, None)
+
+
+@dataclass
+class Caches:
+    """Latest bodies from the watches and from the operator's own writes."""
+
+    clusters: ObjectCache = field(default_factory=ObjectCache)
+    deployments: ObjectCache = field(default_factory=ObjectCache)
+    children: ChildUids = field(default_factory=ChildUids)
+
+    def cluster_deployments(self, sc: ServingCluster) -> dict[ObjectKey, dict[str, Any]]:
+        labels = {LABEL_CLUSTER: sc.name, LABEL_MANAGED_BY: MANAGED_BY}
+        return {
+            ObjectKey("apps/v1", "Deployment", sc.namespace, body["metadata"]["name"]): body
+            for body in self.deployments.labelled(sc.namespace, labels)
+        }

@@ -10,10 +10,11 @@ from typing import Any
 
 import yaml
 
-from tandem.operator.api import ManifestError, load_manifest
 from tandem.operator.apidoc import api_reference_markdown
 from tandem.operator.crd import crd_yaml, custom_resource_definition
-from tandem.operator.render import engine_key_secret, render
+from tandem.operator.manifest import ManifestError, load_manifest
+from tandem.operator.render import render
+from tandem.operator.security_render import engine_key_secret
 
 
 def _dump(objects: list[dict[str, Any]], output: str) -> str:

@@ -21,16 +21,15 @@ from pydantic_core import PydanticUndefined
 from tandem.operator.api import (
     GROUP,
     KIND,
-    MAX_NAME_LENGTH,
-    NAME_PATTERN,
     PLURAL,
     SHORT_NAMES,
     SINGULAR,
     VERSION,
     ServingCluster,
     ServingClusterSpec,
-    ServingClusterStatus,
 )
+from tandem.operator.api_model import MAX_NAME_LENGTH, NAME_PATTERN
+from tandem.operator.api_status import ServingClusterStatus
 
 CRD_NAME = f"{PLURAL}.{GROUP}"
 CRD_FILE = f"{GROUP}_{PLURAL}.yaml"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tandem.operator.api import PoolSpec
+from tandem.operator.api_engine import PoolSpec
 
 # vLLM's teardown after its drain (engine-core and worker exit, memory freed) needs a few seconds
 # before the kubelet's SIGKILL; at most this many, at most a third of the drain budget.

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from tandem.operator.api import API_VERSION, KIND, ManifestError, ServingCluster, parse_manifest
+from tandem.operator.api import API_VERSION, KIND, ServingCluster
 from tandem.operator.gateway_render import members, render_gateway
 from tandem.operator.kube import Kube
+from tandem.operator.manifest import ManifestError, parse_manifest
 
 
 def apply_gateway(kube: Kube, namespace: str, gateway: str, leaving: str | None = None) -> int:

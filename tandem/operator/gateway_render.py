@@ -15,7 +15,7 @@ from typing import Any
 
 from tandem.common.roles import LABEL_CLUSTER, LABEL_ROLE
 from tandem.operator.api import API_VERSION, KIND, ServingCluster
-from tandem.operator.render import (
+from tandem.operator.common_render import (
     ENGINE_KEY_SECRET_KEY,
     LABEL_COMPONENT,
     LABEL_INSTANCE,
@@ -23,15 +23,11 @@ from tandem.operator.render import (
     LABEL_NAME,
     MANAGED_BY,
     ROUTER_ADMIN_PORT,
-    ROUTER_CONFIG_DIR,
-    ROUTER_PORT,
     ROUTER_UID,
-    container_security_context,
-    pod_security_context,
     rendered_roles,
-    router_config,
-    router_resources,
 )
+from tandem.operator.router_render import config_volumes, router_config, router_process_container
+from tandem.operator.security_render import container_security_context, pod_security_context
 from tandem.operator.tokenizer import TOKENIZER_DIR, router_tokenizer, tokenizer_pod_parts
 from tandem.router.config import AuthConfig, GatewayConfig, TrustConfig
 
@@ -184,14 +180,7 @@ def gateway_config(gateway: str, joined: list[ServingCluster]) -> GatewayConfig:
 
 
 def _volumes(name: str, joined: list[ServingCluster]) -> tuple[list[Any], list[Any]]:
-    volumes: list[dict[str, Any]] = [
-        {"name": "config", "configMap": {"name": name}},
-        {"name": "tmp", "emptyDir": {}},
-    ]
-    mounts: list[dict[str, Any]] = [
-        {"name": "config", "mountPath": ROUTER_CONFIG_DIR, "readOnly": True},
-        {"name": "tmp", "mountPath": "/tmp"},
-    ]
+    volumes, mounts = config_volumes(name)
     for index, sc in enumerate(joined):
         tokenizer = member_tokenizer(index, sc)
         volumes += tokenizer.volumes
@@ -233,30 +222,15 @@ def render_gateway(gateway: str, joined: list[ServingCluster]) -> list[dict[str,
     inits = [c for i, sc in enumerate(joined) for c in member_tokenizer(i, sc).init_containers]
     router = first.spec.router
 
-    def probe(path: str) -> dict[str, Any]:
-        return {"httpGet": {"path": path, "port": "http"}, "timeoutSeconds": 3}
-
-    container: dict[str, Any] = {
-        "name": GATEWAY_CONTAINER,
-        "image": router.image,
-        "imagePullPolicy": router.image_pull_policy,
-        "command": ["tandem", "gateway"],
-        "args": ["--config", f"{ROUTER_CONFIG_DIR}/{GATEWAY_CONFIG_KEY}"],
-        "ports": [
-            {"name": "http", "containerPort": ROUTER_PORT, "protocol": "TCP"},
-            {"name": "admin", "containerPort": ROUTER_ADMIN_PORT, "protocol": "TCP"},
-        ],
-        "resources": router_resources(router),
-        "volumeMounts": mounts,
-        "readinessProbe": {**probe("/health"), "periodSeconds": 5, "failureThreshold": 3},
-        "livenessProbe": {
-            **probe("/livez"),
-            "periodSeconds": 10,
-            "failureThreshold": 6,
-            "initialDelaySeconds": 10,
-        },
-        "securityContext": container_security_context(ROUTER_UID, None),
-    }
+    container = router_process_container(
+        GATEWAY_CONTAINER,
+        router,
+        "gateway",
+        GATEWAY_CONFIG_KEY,
+        mounts,
+        [],
+        None,
+    )
     deployment = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tandem.operator.api import EngineSpec, PoolSpec
+from tandem.operator.api_engine import EngineSpec, PoolSpec
 
 WHOLE_GPU = "nvidia.com/gpu"
 

@@ -12,20 +12,18 @@ from __future__ import annotations
 from typing import Any
 
 from tandem.operator.api import ServingCluster
-from tandem.operator.render import (
+from tandem.operator.common_render import (
     ENGINE_KEY_SECRET_KEY,
     ENGINE_UID,
     HTTP_PORT,
     ROUTER_ENGINE_KEY_DIR,
-    _meta,
-    _pods,
-    _tcp,
+    child_meta,
     child_name,
-    container_security_context,
     disaggregated,
-    engine_key_secret_name,
     selector_labels,
 )
+from tandem.operator.network_render import pods_peer, tcp_ports
+from tandem.operator.security_render import container_security_context, engine_key_secret_name
 from tandem.router.epp.config import EppConfig
 
 API_VERSION = "inference.networking.k8s.io/v1"
@@ -62,7 +60,7 @@ def inference_pool(sc: ServingCluster) -> dict[str, Any]:
     return {
         "apiVersion": API_VERSION,
         "kind": "InferencePool",
-        "metadata": _meta(sc, sc.name, None),
+        "metadata": child_meta(sc, sc.name, None),
         "spec": {
             "selector": {"matchLabels": selector_labels(sc, "decode")},
             "targetPorts": [{"number": target_port(sc)}],
@@ -84,7 +82,7 @@ def epp_service(sc: ServingCluster) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _meta(sc, child_name(sc, "epp"), "router"),
+        "metadata": child_meta(sc, child_name(sc, "epp"), "router"),
         "spec": {
             "type": "ClusterIP",
             "selector": selector_labels(sc, "router"),
@@ -172,7 +170,7 @@ def router_ingress(sc: ServingCluster) -> list[dict[str, Any]]:
     """The gateway to the endpoint picker."""
     if not enabled(sc):
         return []
-    return [{**gateway_peers(sc), "ports": _tcp(EPP_PORT_NAME)}]
+    return [{**gateway_peers(sc), "ports": tcp_ports(EPP_PORT_NAME)}]
 
 
 def engine_ingress(sc: ServingCluster, role: str) -> list[dict[str, Any]]:
@@ -180,9 +178,9 @@ def engine_ingress(sc: ServingCluster, role: str) -> list[dict[str, Any]]:
     if not enabled(sc):
         return []
     if role == "decode":
-        return [{**gateway_peers(sc), "ports": _tcp(target_port(sc))}]
+        return [{**gateway_peers(sc), "ports": tcp_ports(target_port(sc))}]
     if relayed(sc):
-        return [{"from": [_pods(sc, "decode")], "ports": _tcp("http")}]
+        return [{"from": [pods_peer(sc, "decode")], "ports": tcp_ports("http")}]
     return []
 
 
@@ -190,4 +188,4 @@ def engine_egress(sc: ServingCluster, role: str) -> list[dict[str, Any]]:
     """A decode pod's relay to the prefill engines."""
     if role != "decode" or not relayed(sc):
         return []
-    return [{"to": [_pods(sc, "prefill")], "ports": _tcp(HTTP_PORT)}]
+    return [{"to": [pods_peer(sc, "prefill")], "ports": tcp_ports(HTTP_PORT)}]

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tandem.operator.api import LoraSpec, PoolSpec
+from tandem.operator.api_engine import PoolSpec
+from tandem.operator.api_lora import LoraSpec
 
 RUNTIME_UPDATES_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
 

@@ -13,8 +13,9 @@ import kopf
 
 from tandem.operator import metrics
 from tandem.operator.api import GROUP
-from tandem.operator.handlers import DEFAULT_RESYNC_CONCURRENCY, register
+from tandem.operator.common_render import LABEL_MANAGED_BY, MANAGED_BY
 from tandem.operator.handlers import kube as operator_kube
+from tandem.operator.handlers import register
 from tandem.operator.kube import KubeError
 from tandem.operator.peering import (
     DEFAULT_LIFETIME_S,
@@ -24,7 +25,7 @@ from tandem.operator.peering import (
     replica_identity,
     replica_priority,
 )
-from tandem.operator.render import LABEL_MANAGED_BY, MANAGED_BY
+from tandem.operator.resync import DEFAULT_RESYNC_CONCURRENCY
 
 AUTOSCALING_HANDLERS = "tandem.operator.autoscaling.handlers"
 FINALIZER = f"{GROUP}/finalizer"

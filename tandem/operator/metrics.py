@@ -18,7 +18,7 @@ from wsgiref.simple_server import WSGIServer
 import kopf
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from tandem.operator.api import ServingClusterStatus
+from tandem.operator.api_status import ServingClusterStatus
 from tandem.operator.autoscaling.decision import Decision, Limit
 from tandem.operator.autoscaling.policy import PoolPolicy
 from tandem.operator.autoscaling.signals import PoolSignals

@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from tandem.common.roles import LABEL_CLUSTER
-from tandem.operator.api import EnvVar, ServingCluster
-from tandem.operator.render import LABEL_MANAGED_BY, MANAGED_BY
+from tandem.operator.api import ServingCluster
+from tandem.operator.api_kube import EnvVar
+from tandem.operator.common_render import LABEL_MANAGED_BY, MANAGED_BY
 
 
 def foreign_owner(existing: Mapping[str, Any], owner_uid: str, cluster_name: str) -> str | None:

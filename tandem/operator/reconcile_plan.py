@@ -1,6 +1,6 @@
 """The reconcile's plan, pure: owner references, object identity and which stale children to prune.
 
-The reconcile itself (apply, prune, status) is `handlers.reconcile_body`, which carries this out.
+The reconcile itself (apply, prune, status) is `reconcile.reconcile_body`, which carries this out.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from tandem.common.roles import LABEL_CLUSTER
+from tandem.operator.common_render import LABEL_MANAGED_BY, MANAGED_BY
 from tandem.operator.kinds import CHILD_KINDS, NEVER_PRUNED_KINDS
-from tandem.operator.render import LABEL_MANAGED_BY, MANAGED_BY
 
 
 @dataclass(frozen=True, order=True)

@@ -7,15 +7,14 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Literal
 
-from tandem.operator.api import (
+from tandem.operator.api import ServingCluster, pool_replicas
+from tandem.operator.api_status import (
     AutoscalingStatus,
     Condition,
     PoolStatus,
-    ServingCluster,
     ServingClusterStatus,
-    pool_replicas,
 )
-from tandem.operator.render import Component, endpoint, rendered_roles
+from tandem.operator.common_render import Component, endpoint, rendered_roles
 from tandem.operator.tokenizer import router_tokenizer
 
 Phase = Literal["Pending", "Progressing", "Ready", "Degraded"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tandem.operator.api import ServingCluster, parse_manifest
+from tandem.operator.api import ServingCluster
 from tandem.operator.autoscaling.deletion_cost import (
     DELETION_COST,
     REMOVAL_COST,
@@ -15,6 +15,7 @@ from tandem.operator.autoscaling.deletion_cost import (
     shrinking_pools,
 )
 from tandem.operator.autoscaling.queries import PoolSelector
+from tandem.operator.manifest import parse_manifest
 
 
 def pod(name: str, **annotations: str) -> dict[str, Any]:

@@ -9,8 +9,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tandem.operator.api import parse_manifest
 from tandem.operator.autoscaling.external import external_autoscalers, quantity
+from tandem.operator.manifest import parse_manifest
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "llama-8b-pd.yaml"
 

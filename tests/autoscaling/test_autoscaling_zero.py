@@ -19,7 +19,7 @@ from tandem_process import TandemProcess
 
 from tandem.common.ports import free_port
 from tandem.common.roles import LABEL_CLUSTER, LABEL_ROLE
-from tandem.operator.api import AutoscalingSpec, parse_manifest
+from tandem.operator.api import AutoscalingSpec
 from tandem.operator.autoscaling import handlers
 from tandem.operator.autoscaling.external import external_autoscalers, wake_query
 from tandem.operator.autoscaling.handlers import ZeroClock, evaluate
@@ -34,7 +34,8 @@ from tandem.operator.autoscaling.zero import (
     zero_decision,
     zero_steps,
 )
-from tandem.operator.render import router_config
+from tandem.operator.manifest import parse_manifest
+from tandem.operator.router_render import router_config
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "llama-8b-pd.yaml"
 AUTO = ZeroPolicy(idle_s=60, mode="auto", decode_min=2, prefill_min=1)

@@ -14,7 +14,7 @@ from tandem.local.cluster import load_cluster, parse_set
 from tandem.local.devices import DeviceError, EngineNeed, Machine, assign_devices
 from tandem.local.plan import LocalOptions, build_plan, localize_env
 from tandem.local.up import main as up_main
-from tandem.operator.api import ManifestError
+from tandem.operator.manifest import ManifestError
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

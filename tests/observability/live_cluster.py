@@ -33,11 +33,12 @@ from tandem.common.ports import free_port
 from tandem.common.roles import ROLES, Role
 from tandem.observability import names
 from tandem.operator import metrics as operator_metrics
-from tandem.operator.api import ServingCluster, load_manifest
+from tandem.operator.api import ServingCluster
 from tandem.operator.autoscaling.decision import ScalingMemory, decide
 from tandem.operator.autoscaling.policy import pool_policies
 from tandem.operator.autoscaling.prometheus import PrometheusClient
 from tandem.operator.autoscaling.queries import PoolSelector, read_pool_signals
+from tandem.operator.manifest import load_manifest
 from tandem.operator.status import aggregate_status, component_roles
 
 EXAMPLE = ROOT / "examples" / "llama-8b-pd.yaml"

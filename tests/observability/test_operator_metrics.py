@@ -10,7 +10,7 @@ import pytest
 
 from tandem.common.ports import free_port
 from tandem.operator import metrics
-from tandem.operator.api import PoolStatus, ServingClusterStatus
+from tandem.operator.api_status import PoolStatus, ServingClusterStatus
 from tandem.operator.autoscaling.decision import ScalingMemory, decide
 from tandem.operator.autoscaling.policy import pool_policies
 from tandem.operator.autoscaling.signals import PoolSignals

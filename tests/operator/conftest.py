@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from tandem.operator.api import ServingCluster, load_manifest
+from tandem.operator.api import ServingCluster
+from tandem.operator.manifest import load_manifest
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

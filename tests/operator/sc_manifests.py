@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tandem.operator.api import ServingCluster, parse_manifest
+from tandem.operator.api import ServingCluster
+from tandem.operator.manifest import parse_manifest
 
 
 def minimal(**spec: Any) -> dict[str, Any]:

@@ -7,13 +7,8 @@ from pathlib import Path
 import pytest
 from sc_manifests import cluster, minimal
 
-from tandem.operator.api import (
-    ManifestError,
-    ServingCluster,
-    load_manifest,
-    parse_manifest,
-    pool_replicas,
-)
+from tandem.operator.api import ServingCluster, pool_replicas
+from tandem.operator.manifest import ManifestError, load_manifest, parse_manifest
 
 
 def problems_of(document: object) -> list[str]:

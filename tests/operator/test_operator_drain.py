@@ -9,7 +9,8 @@ import pytest
 from sc_manifests import cluster
 
 from tandem.operator.drain import TEARDOWN_MARGIN_S, shutdown_timeout
-from tandem.operator.render import render, vllm_args
+from tandem.operator.engine_render import vllm_args
+from tandem.operator.render import render
 
 
 def _deployment(objects: list[dict[str, Any]], role: str) -> dict[str, Any]:

@@ -10,13 +10,15 @@ import yaml
 from netpol_eval import Endpoint, reachable
 from sc_manifests import minimal
 
-from tandem.operator.api import ServingCluster, parse_manifest
+from tandem.operator.api import ServingCluster
+from tandem.operator.common_render import HTTP_PORT
 from tandem.operator.gateway_render import (
     GATEWAY_CONFIG_KEY,
     members,
     render_gateway,
 )
-from tandem.operator.render import HTTP_PORT, render
+from tandem.operator.manifest import parse_manifest
+from tandem.operator.render import render
 from tandem.router.config import GatewayConfig
 
 K8S_VERSION = "1.34.0"

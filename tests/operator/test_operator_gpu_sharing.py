@@ -8,7 +8,7 @@ import kubernetes_validate
 import pytest
 from sc_manifests import cluster, minimal
 
-from tandem.operator.api import ManifestError, parse_manifest
+from tandem.operator.manifest import ManifestError, parse_manifest
 from tandem.operator.render import render
 
 K8S_VERSION = "1.34.0"

@@ -15,18 +15,14 @@ import pytest
 from sc_manifests import cluster, minimal
 
 from tandem.operator import main as operator_main
-from tandem.operator.handlers import (
-    WORKLOAD_KINDS,
-    apply_waves,
-    reconcile_body,
-    refresh_owner_status,
-    resync_once,
-    retry_delay_s,
-)
+from tandem.operator.child_apply import WORKLOAD_KINDS, apply_waves
 from tandem.operator.kinds import CHILD_KINDS
 from tandem.operator.kube import FIELD_MANAGER, KubeError, NotFound
+from tandem.operator.reconcile import reconcile_body, retry_delay_s
 from tandem.operator.reconcile_plan import ObjectKey, children_selector, stale_children
+from tandem.operator.refresh import refresh_owner_status
 from tandem.operator.render import render
+from tandem.operator.resync import resync_once
 
 UID = "0b8e2f1c-1111-2222-3333-444455556666"
 

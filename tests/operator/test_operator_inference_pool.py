@@ -16,7 +16,9 @@ from sc_manifests import cluster, minimal
 from test_operator_handlers import Events, FakeKube, run
 
 from tandem.operator.api import ServingCluster
-from tandem.operator.render import network_policies, render, router_config
+from tandem.operator.network_render import network_policies
+from tandem.operator.render import render
+from tandem.operator.router_render import router_config
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD = ROOT / "tests" / "fixtures" / "gie" / "inferencepool-crd.yaml"

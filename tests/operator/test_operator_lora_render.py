@@ -8,8 +8,10 @@ import kubernetes_validate
 import pytest
 from sc_manifests import cluster
 
-from tandem.operator.api import ManifestError, ServingCluster
-from tandem.operator.render import render, vllm_args, vllm_env
+from tandem.operator.api import ServingCluster
+from tandem.operator.engine_render import vllm_args, vllm_env
+from tandem.operator.manifest import ManifestError
+from tandem.operator.render import render
 
 ADAPTERS = [
     {"name": "sql", "source": "org/sql-lora"},

@@ -10,15 +10,15 @@ import pytest
 import yaml
 from sc_manifests import cluster
 
-from tandem.operator.api import AutoscalingStatus, ServingCluster
-from tandem.operator.render import (
+from tandem.operator.api import ServingCluster
+from tandem.operator.api_status import AutoscalingStatus
+from tandem.operator.engine_render import vllm_args, vllm_env
+from tandem.operator.render import render
+from tandem.operator.router_render import (
     config_hash,
-    render,
     router_config,
     router_config_map,
     router_deployment,
-    vllm_args,
-    vllm_env,
 )
 from tandem.operator.tokenizer import TOKENIZER_DIR
 from tandem.router.config import RouterConfig

@@ -10,9 +10,9 @@ import pytest
 from pydantic import BaseModel
 from sc_manifests import cluster
 
-from tandem.operator.api import RouterSpec
+from tandem.operator.api_router import RouterSpec
 from tandem.operator.crd import openapi_schema
-from tandem.operator.render import router_config
+from tandem.operator.router_render import router_config
 from tandem.router.config import RouterConfig
 
 # RouterConfig field -> RouterSpec field carrying it (`spec.router.*`).

@@ -12,7 +12,8 @@ from sc_manifests import cluster
 
 from tandem.operator.api import ServingCluster
 from tandem.operator.reconcile_plan import ObjectKey, stale_children
-from tandem.operator.render import render, router_config_map, router_deployment
+from tandem.operator.render import render
+from tandem.operator.router_render import router_config_map, router_deployment
 from tandem.router.config import RouterConfig
 
 K8S_VERSION = "1.34.0"

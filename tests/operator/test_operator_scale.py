@@ -20,19 +20,15 @@ from sc_manifests import minimal
 from test_operator_handlers import Events, FakeKube, mark_ready
 
 from tandem.operator import main as operator_main
-from tandem.operator.cache import ObjectCache
-from tandem.operator.handlers import (
-    Caches,
-    CoalescedRefresh,
-    ReconcileInProgress,
-    needs_prune,
-    reconcile_body,
-    resync_once,
-    status_lock,
-)
-from tandem.operator.handlers import refresh_owner_status as refresh
+from tandem.operator.cache import Caches, ObjectCache
+from tandem.operator.child_apply import needs_prune
 from tandem.operator.peering import Leadership, is_active, peering_paths, replica_priority
+from tandem.operator.reconcile import reconcile_body
+from tandem.operator.refresh import CoalescedRefresh, ReconcileInProgress
+from tandem.operator.refresh import refresh_owner_status as refresh
+from tandem.operator.resync import resync_once
 from tandem.operator.status import status_changes
+from tandem.operator.status_report import status_lock
 
 
 class CountingKube(FakeKube):

@@ -13,17 +13,15 @@ from netpol_eval import Endpoint, reachable
 from sc_manifests import cluster, minimal
 from test_operator_handlers import Events, FakeKube, run
 
-from tandem.operator.api import load_manifest
-from tandem.operator.handlers import reconcile_reporting, resync_once
+from tandem.operator.common_render import ENGINE_KEY_ENV, NIXL_SIDE_CHANNEL_PORT
+from tandem.operator.manifest import load_manifest
+from tandem.operator.network_render import network_policies
 from tandem.operator.ownership import Dependency, dependencies, foreign_owner
+from tandem.operator.reconcile import reconcile_reporting
 from tandem.operator.reconcile_plan import ObjectKey
-from tandem.operator.render import (
-    ENGINE_KEY_ENV,
-    NIXL_SIDE_CHANNEL_PORT,
-    network_policies,
-    render,
-    router_config,
-)
+from tandem.operator.render import render
+from tandem.operator.resync import resync_once
+from tandem.operator.router_render import router_config
 
 ROOT = Path(__file__).resolve().parents[2]
 SECURITY_DOC = ROOT / "docs" / "security.md"

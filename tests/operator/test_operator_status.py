@@ -6,7 +6,8 @@ from typing import Any
 
 from sc_manifests import cluster, minimal
 
-from tandem.operator.api import Condition, parse_manifest
+from tandem.operator.api_status import Condition
+from tandem.operator.manifest import parse_manifest
 from tandem.operator.status import (
     DeploymentState,
     aggregate_status,

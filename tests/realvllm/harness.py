@@ -33,7 +33,7 @@ from tandem.local.cluster import PortPool, load_cluster
 from tandem.local.devices import probe_machine
 from tandem.local.logs import failure_excerpt
 from tandem.local.plan import LocalOptions, LocalPlan, ProcessSpec, build_plan
-from tandem.operator.render import ENGINE_KEY_ENV
+from tandem.operator.common_render import ENGINE_KEY_ENV
 from tandem.router.config import RouterConfig, TrustConfig
 from tandem.router.handoff import prefill_body
 

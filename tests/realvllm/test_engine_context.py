@@ -20,8 +20,10 @@ from harness import EXAMPLE, VLLM_PYTHON, PDCluster
 from tandem_process import MODEL_DIR, ROOT
 
 from tandem.common.ports import free_port
-from tandem.operator.api import ServingCluster, load_manifest
-from tandem.operator.render import ENGINE_KEY_ENV, render
+from tandem.operator.api import ServingCluster
+from tandem.operator.common_render import ENGINE_KEY_ENV
+from tandem.operator.manifest import load_manifest
+from tandem.operator.render import render
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -39,8 +39,8 @@ from tandem.common.roles import LABEL_CLUSTER, LABEL_ROLE, ROLES, Role
 from tandem.operator.api import ServingCluster, pool_replicas
 from tandem.operator.autoscaling.prometheus import PrometheusClient, PrometheusUnavailable
 from tandem.operator.autoscaling.queries import PoolSelector
+from tandem.operator.common_render import Component, external_scaling
 from tandem.operator.kube import FIELD_MANAGER, Kube, NotFound, object_path
-from tandem.operator.render import Component, external_scaling
 
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 REMOVAL_COST = "tandem.dev/removal-cost"

@@ -21,7 +21,7 @@ from tandem.operator.api import ServingCluster
 from tandem.operator.autoscaling.policy import PoolPolicy, pool_policies
 from tandem.operator.autoscaling.queries import PoolSelector, pool_queries
 from tandem.operator.autoscaling.zero import demand_queries
-from tandem.operator.render import child_name, rendered_roles, role_labels
+from tandem.operator.common_render import child_name, rendered_roles, role_labels
 
 # External metric names that the prometheus-adapter rules in docs/autoscaling.md define.
 ADAPTER_LATENCY_METRIC: dict[Role, str] = {

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tandem.common.roles import Role
-from tandem.operator.api import AutoscalingSpec, PoolSpec
+from tandem.operator.api import AutoscalingSpec
+from tandem.operator.api_engine import PoolSpec
 from tandem.operator.autoscaling.planner import Plan, PlannerMemory, PlannerPolicy, plan
 from tandem.operator.autoscaling.planner_queries import read_planner_signals
 from tandem.operator.autoscaling.planner_signals import PlannerSignals
