@@ -68,7 +68,7 @@ class PredictiveConfig(SettingsModel):
     """An engine idle in the router's figures and sent no request for this long gets the next
     one it can take, whatever its prediction (its models learn only from work placed on it);
     0 turns re-probing off."""
-    meet_probability: float = Field(0.5, gt=0, lt=1, alias="meetProbability")
+    meet_probability: float = Field(0.8, gt=0, lt=1, alias="meetProbability")
     """A placement counts as meeting a target when it is predicted to with at least this
     probability; a sheddable request with no such placement is refused."""
 

@@ -42,29 +42,41 @@ start one of its own).
 What the router observes corrects the replay. A first token (a P/D prefill's answer) of entry x
 means that x's prefill is over, and, as the engine takes prefills in order, so is every entry
 ahead of x: they all leave the queue (`complete`). The step that computed x's last chunk ends
-then, and the replay's next step starts. If the replay had not finished x, the chunks it had put
-beside x in its step in flight count as computed; if it had (it ran ahead of the engine), nothing
-behind x does: the engine computes prefills in order, so it has not started them. An entry the
-replay has finished stays, with nothing left to compute, until its first token comes (`open`). A
-request that fails or is abandoned leaves alone (`withdraw`).
+then, and the replay's next step starts. What that step computed beside x is known when x's
+L_x tokens left started a step of their own: x was placed with nothing open, or was first in
+line when the entry before it completed. Its last step left room ⌈L_x / B⌉ · B - L_x of the
+budget B = max(C - D, 1), which the scheduler filled in order with the entries behind x placed
+before that step started (before the first token less the step's time at κ_q): those tokens,
+T_b with P_b pairs, count as computed (`_fill_last_step`). Otherwise, if the replay had not
+finished x, the chunks it had put beside x in its step in flight count as computed; if it had
+(it ran ahead of the engine), nothing behind x does: the engine computes prefills in order. An
+entry the replay has finished stays, with nothing left to compute, until its first token comes
+(`open`). A request that fails or is abandoned leaves alone (`withdraw`).
 
 The pace is learned from consecutive completions: when x completes at t1 and y is then first in
 the queue, the engine spends the time until y's first token, t2, on y's remaining work, seed_y seed
-seconds by the drain formula over y alone at t1. With a forgetting factor λ per sample,
+seconds by the drain formula over y alone at t1, and on the work behind y that y's last step
+computed (T_b and P_b above: y's L_y tokens started a step of their own at t1). With a
+forgetting factor λ per sample,
 
-    κ_q = (N + W · κ) / (S + W),   N ← λ · N + (t2 - t1),   S ← λ · S + seed_y
+    κ_q = (N + W · κ) / (S + W),   N ← λ · N + (t2 - t1),
+                                   S ← λ · S + seed_y + s1 · T_b / 1000 + s2 · P_b / 10⁶
 
 where κ is the prefill cost model's scale (learned from requests that met an idle engine, 1 at
 the seed) weighing as W = PRIOR_SEED_SECONDS seed seconds. Each sample times work whose start the
 router knows (y is first in line once x's step has ended), so it holds whether the replay ran
 ahead or lagged. The work other routers send to the engine lengthens t2 - t1 too: the pace is
-this router's share of the engine.
+this router's share of the engine. Without T_b (in the time of y's sample, in the seed of no
+sample, as the next one starts from what is left of them), a replay of an engine that takes
+prefills in order in chunked steps at exactly twice its seeds learned κ_q = 2.2-2.6; with it,
+1.99 at every load (`tests/router/test_router_prefill_queue.py`).
 
 A first token that comes within half a step of the last completion t1, sooner than
 κ_q · (s0 + d1 · max(D, 1) + d2 · X / 1000) / 2 after it, was computed in the step that ended at
 t1: vLLM fills a step's budget from everything waiting when the step starts, which the replay
 did not foresee for a prefill placed after it had planned that step. It ends no sample and
-starts none (the next one still starts at t1), and the seed of its tokens and of those ahead of
+starts none (the next one still starts at t1), leaves the entries behind it as the end of that
+step left them, and the seed of its tokens and of those ahead of
 it left in the replay, s1 · T / 1000 + s2 · P / 10⁶, joins the sample that ended at t1, whose
 time included them: S ← S + that seed. Taken as samples of their own, such first tokens
 (2 ms for 2,000 tokens) pulled the pace down; left out, the sample they shared a step with
@@ -92,6 +104,7 @@ class QueuedPrefill:
     cached: float
     left: float
     in_step: float = 0.0  # tokens of it in the step in flight
+    placed: float = 0.0  # when it was placed
     done_at: float = 0.0  # when the replay ended its last chunk (once left is 0)
 
     def end_step(self, at: float) -> None:
@@ -139,7 +152,7 @@ class StepSeeds:
 class PrefillQueue:
     """The replay (module docstring). `scale` reads the cost model's κ, the pace's prior."""
 
-    __slots__ = ("_pending", "_sample_seconds", "_sample_seeds", "_sampled", "_step_ended",
+    __slots__ = ("_fresh", "_pending", "_sample_seconds", "_sample_seeds", "_sampled", "_step_ended",
                  "entries", "scale", "seeds", "step_end", "step_start")  # fmt: skip
 
     def __init__(self, seeds: StepSeeds, scale: Callable[[], float]) -> None:
@@ -151,6 +164,8 @@ class PrefillQueue:
         self._sample_seconds = 0.0  # N
         self._sample_seeds = 0.0  # S
         self._pending: tuple[QueuedPrefill, float, float] | None = None  # (y, t1, seed_y)
+        # the first entry in line and its L tokens left when they started a step of their own
+        self._fresh: tuple[QueuedPrefill, float] | None = None
         self._step_ended = -math.inf  # the last completion not in the step before it
         self._sampled = False  # whether that completion ended a pace sample
 
@@ -185,7 +200,9 @@ class PrefillQueue:
     ) -> QueuedPrefill:
         """A prefill of `tokens` after `cached` placed at `now`; returns its entry."""
         self.advance(now, streams, context)
-        entry = QueuedPrefill(max(tokens, 1.0), max(cached, 0.0), max(tokens, 1.0))
+        entry = QueuedPrefill(max(tokens, 1.0), max(cached, 0.0), max(tokens, 1.0), placed=now)
+        if not self.entries:
+            self._fresh = (entry, entry.tokens)
         idle = not self.busy
         self.entries.append(entry)
         if idle:
@@ -296,8 +313,8 @@ class PrefillQueue:
         self.advance(now, streams, context)
         entries = self.entries
         shared = now - self._step_ended < self.in_flight_s(max(streams, 1.0), context)
-        pending = self._pending
-        self._pending = None
+        pending, fresh = self._pending, self._fresh
+        self._pending = self._fresh = None
         if shared:  # computed in the step that ended then: its work was in that sample's time
             if self._sampled and entry in entries:
                 self._sample_seeds += self._work_up_to(entry)
@@ -314,12 +331,19 @@ class PrefillQueue:
             while entries.popleft() is not entry:
                 pass
             # the engine's step ended now with the entry's last chunk, and the next one starts
-            for waiting in entries:
-                if lagging:  # the chunks the replay put beside it are computed too
-                    waiting.end_step(now)
-                else:  # the replay ran ahead: nothing behind it is known computed
-                    waiting.left = waiting.tokens
-                    waiting.in_step = 0.0
+            if shared:  # what that step computed beside it was settled when it ended
+                pass
+            elif fresh is not None and fresh[0] is entry:
+                beside = self._fill_last_step(fresh[1], streams, context, now)
+                if self._sampled:
+                    self._sample_seeds += beside
+            else:
+                for waiting in entries:
+                    if lagging:  # the chunks the replay put beside it are computed too
+                        waiting.end_step(now)
+                    else:  # the replay ran ahead: nothing behind it is known computed
+                        waiting.left = waiting.tokens
+                        waiting.in_step = 0.0
             self.step_start = now
             self.step_end = now + self._plan(streams, context) if self.busy else now
         first = next((waiting for waiting in entries if waiting.left > 0.0), None)
@@ -327,6 +351,37 @@ class PrefillQueue:
             left = first.left
             seed_y = self._seed_s(left, first.pairs(left, first.tokens - left), streams, context)
             self._pending = (first, start, seed_y)
+            self._fresh = (first, left)
+
+    def _fill_last_step(
+        self, sampled_tokens: float, streams: float, context: float, now: float
+    ) -> float:
+        """The entries behind a sample's y, whose L_y tokens started a step of their own at t1,
+        computed in order in the room its last step left, ⌈L_y / B⌉ · B - L_y (B the budget),
+        each placed before that step started (`now` less its time at the pace): marks them so
+        and returns their seed, s1 · T / 1000 + s2 · P / 10⁶, which the sample's time included."""
+        seeds = self.seeds
+        budget = seeds.budget(streams)
+        steps = math.ceil(sampled_tokens / budget)
+        last = sampled_tokens - (steps - 1) * budget
+        room = budget - last
+        step_seed = seeds.fixed(streams, context) + seeds.work(last, 0.0)
+        pace = self.pace
+        seed = 0.0
+        for waiting in self.entries:
+            waiting.in_step = 0.0
+            computed = min(waiting.tokens, room)
+            work = seeds.work(computed, waiting.pairs(computed, 0.0))
+            if computed <= 0.0 or waiting.placed > now - pace * (step_seed + seed + work):
+                waiting.left = waiting.tokens
+                room = 0.0
+                continue
+            room -= computed
+            seed += work
+            waiting.left = waiting.tokens - computed
+            if waiting.left <= 0.0:
+                waiting.done_at = now
+        return seed
 
     def _work_up_to(self, entry: QueuedPrefill) -> float:
         """s1 · T / 1000 + s2 · P / 10⁶ over the tokens left of `entry` and the entries ahead of
@@ -345,5 +400,7 @@ class PrefillQueue:
         """`entry` failed or was abandoned: it leaves alone, and is no pace sample."""
         if self._pending is not None and self._pending[0] is entry:
             self._pending = None
+        if self._fresh is not None and self._fresh[0] is entry:
+            self._fresh = None
         with contextlib.suppress(ValueError):
             self.entries.remove(entry)
