@@ -1,4 +1,5 @@
-"""What every rendered child shares: fixed ports, names, labels, metadata and pod placement."""
+"""What every rendered child shares: fixed ports, names, labels, metadata, pod placement and
+network policy peers."""
 
 from __future__ import annotations
 
@@ -150,3 +151,19 @@ def pull_secrets(sc: ServingCluster) -> dict[str, Any]:
     if not sc.spec.image_pull_secrets:
         return {}
     return {"imagePullSecrets": [{"name": name} for name in sc.spec.image_pull_secrets]}
+
+
+def pods_peer(sc: ServingCluster, *roles: Component) -> dict[str, Any]:
+    """A peer: this cluster's pods of `roles`, in its own namespace."""
+    if len(roles) == 1:
+        return {"podSelector": {"matchLabels": selector_labels(sc, roles[0])}}
+    return {
+        "podSelector": {
+            "matchLabels": {LABEL_CLUSTER: sc.name},
+            "matchExpressions": [{"key": LABEL_ROLE, "operator": "In", "values": list(roles)}],
+        }
+    }
+
+
+def tcp_ports(*ports: int | str) -> list[dict[str, Any]]:
+    return [{"port": port, "protocol": "TCP"} for port in ports]

@@ -20,9 +20,10 @@ from tandem.operator.common_render import (
     child_meta,
     child_name,
     disaggregated,
+    pods_peer,
     selector_labels,
+    tcp_ports,
 )
-from tandem.operator.network_render import pods_peer, tcp_ports
 from tandem.operator.security_render import container_security_context, engine_key_secret_name
 from tandem.router.epp.config import EppConfig
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tandem.common.roles import LABEL_CLUSTER, LABEL_ROLE
+from tandem.operator import inference_pool as gateway
 from tandem.operator.api import ServingCluster
 from tandem.operator.common_render import (
     HTTP_PORT,
@@ -16,26 +16,12 @@ from tandem.operator.common_render import (
     child_meta,
     child_name,
     disaggregated,
+    pods_peer,
     rendered_roles,
     selector_labels,
+    tcp_ports,
 )
 from tandem.operator.tokenizer import router_tokenizer
-
-
-def pods_peer(sc: ServingCluster, *roles: Component) -> dict[str, Any]:
-    """A peer: this cluster's pods of `roles`, in its own namespace."""
-    if len(roles) == 1:
-        return {"podSelector": {"matchLabels": selector_labels(sc, roles[0])}}
-    return {
-        "podSelector": {
-            "matchLabels": {LABEL_CLUSTER: sc.name},
-            "matchExpressions": [{"key": LABEL_ROLE, "operator": "In", "values": list(roles)}],
-        }
-    }
-
-
-def tcp_ports(*ports: int | str) -> list[dict[str, Any]]:
-    return [{"port": port, "protocol": "TCP"} for port in ports]
 
 
 def _nixl_ports() -> list[dict[str, Any]]:
@@ -154,7 +140,3 @@ def network_policies(sc: ServingCluster) -> list[dict[str, Any]]:
             )
         )
     return objects
-
-
-# The Gateway API Inference Extension's parts build on this module's names (imported last).
-from tandem.operator import inference_pool as gateway  # noqa: E402

@@ -21,10 +21,10 @@ P/D by prediction (`disaggregation.py`), probes and shedding. In the terms of `c
     be corrected; an engine is due (`due_for_probe`) when it is idle in every figure the router
     has (none of its prefill work open, nothing waiting or decoding there) and has been sent no
     request for `reprobeSeconds` since its last one (one never sent anything is tried on its
-    seeds). A due decode candidate is the pick (before P(meet) and cost);
-    in mode auto a due prefill engine takes the request's prefill (P/D) whatever the P/D
-    decision (`disaggregation.py`) says. At most one request per engine per interval is placed against the prediction,
-    and only on an engine with nothing to delay.
+    seeds). A due decode candidate is the pick (before P(meet) and cost); in mode auto a due
+    prefill engine takes the request's prefill (P/D) whatever the P/D decision
+    (`disaggregation.py`) says. At most one request per engine per interval is placed against
+    the prediction, and only on an engine with nothing to delay.
   shed ⇔ the class is sheddable, P(meet) of the chosen placement < q and it is no probe.
 """
 

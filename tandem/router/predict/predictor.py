@@ -286,9 +286,9 @@ class Ticket:
 
     def hand_off(self, healthy: Sequence[Engine], now: float) -> Engine:
         """The P/D prefill handed off its KV at `now`: the decode engine to pull it, chosen again
-        among the `healthy` ones (`disaggregation.handoff_decode`). When that is another engine than
-        planned, the plan's decode part, handoff wait and TTFT become that engine's (its prefill
-        part as predicted), and what the request holds of the decode engine moves there."""
+        among the `healthy` ones (`disaggregation.handoff_decode`). When that is another engine
+        than planned, the plan's decode part, handoff wait and TTFT become that engine's (its
+        prefill part as predicted), and what the request holds of the decode engine moves there."""
         placement = self.placement
         prefill = placement.prefill
         if prefill is None:
@@ -397,9 +397,8 @@ class Ticket:
         line per request): the work ahead and its own (tokens), the decode load its prefill's
         steps carry (streams, context tokens), the prefilling engine's model as it stands at the
         end (`prefill_model`), the pace its prefill was predicted at (the model's κ alone on the
-        engine, else the queue's κ_q: `EngineLedger.pace`), the prefill part, the wait on the decode engine and the handoff
-        after a P/D prefill,
-        and the observed wait from the plan to the first upstream request, upstream TTFT, P/D
+        engine, else the queue's κ_q: `EngineLedger.pace`), the prefill part, the wait on the
+        decode engine and the handoff after a P/D prefill, and the observed wait from the plan to the first upstream request, upstream TTFT, P/D
         prefill, handoff and TPOT, the clock readings (s) of the placement, the first upstream
         request and the first byte (a replay's arrivals), and every decode candidate as the pick
         weighed it (its uncached tokens, TTFT, TPOT, streams, stall, prefill share, P(meet),

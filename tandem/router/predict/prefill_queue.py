@@ -152,8 +152,8 @@ class StepSeeds:
 class PrefillQueue:
     """The replay (module docstring). `scale` reads the cost model's κ, the pace's prior."""
 
-    __slots__ = ("_fresh", "_pending", "_sample_seconds", "_sample_seeds", "_sampled", "_step_ended",
-                 "entries", "scale", "seeds", "step_end", "step_start")  # fmt: skip
+    __slots__ = ("_fresh", "_pending", "_sample_seconds", "_sample_seeds", "_sampled",
+                 "_step_ended", "entries", "scale", "seeds", "step_end", "step_start")  # fmt: skip
 
     def __init__(self, seeds: StepSeeds, scale: Callable[[], float]) -> None:
         self.seeds = seeds
