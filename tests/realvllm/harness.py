@@ -424,7 +424,8 @@ class Router(TandemProcess):
         self.admin_url = f"http://127.0.0.1:{admin_port}" if admin_port else self.url
 
     def engines(self) -> list[dict[str, Any]]:
-        engines: list[dict[str, Any]] = httpx.get(f"{self.admin_url}/engines", timeout=5).json()
+        # A router starved beside three engines on two cores has taken over 5 s to answer (CI)
+        engines: list[dict[str, Any]] = httpx.get(f"{self.admin_url}/engines", timeout=60).json()
         return engines
 
     def wait_engines_healthy(self, dead: set[str], timeout_s: float = 30.0) -> None:

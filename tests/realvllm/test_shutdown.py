@@ -98,7 +98,8 @@ def _wait_exit(engine: EngineProcess, timeout_s: float) -> float:
 
 
 class InFlight:
-    """One streamed and one plain completion of LONG tokens, run in threads; what each got."""
+    """One plain and one streamed completion of LONG tokens, run in threads, the stream sent once
+    the plain request is on its way; what each got."""
 
     def __init__(self, engine: EngineProcess, timeout_s: float = 120) -> None:
         self.url = engine.url
@@ -110,9 +111,11 @@ class InFlight:
         self.stream_error: str | None = None
         self.plain: tuple[int, Any] | None = None
         self.plain_error: str | None = None
+        self.plain_sent = threading.Event()
+        self.stream_opened = threading.Event()  # the stream's response head came
         self._threads = [
-            threading.Thread(target=self._stream, daemon=True),
             threading.Thread(target=self._plain, daemon=True),
+            threading.Thread(target=self._stream, daemon=True),
         ]
         for thread in self._threads:
             thread.start()
@@ -133,6 +136,7 @@ class InFlight:
         }
 
     def _stream(self) -> None:
+        self.plain_sent.wait(self.timeout_s)
         try:
             with httpx.stream(
                 "POST",
@@ -141,6 +145,7 @@ class InFlight:
                 headers=self.headers,
                 timeout=self.timeout_s,
             ) as answer:
+                self.stream_opened.set()
                 for line in answer.iter_lines():
                     if not line.startswith("data: "):
                         continue
@@ -156,16 +161,19 @@ class InFlight:
             self.stream_error = repr(error)
 
     def _plain(self) -> None:
+        def sending(_: httpx.Request) -> None:
+            self.plain_sent.set()
+
         try:
-            answer = httpx.post(
-                f"{self.url}/v1/completions",
-                json=self._body(False),
-                headers=self.headers,
-                timeout=self.timeout_s,
-            )
+            with httpx.Client(timeout=self.timeout_s, event_hooks={"request": [sending]}) as client:
+                answer = client.post(
+                    f"{self.url}/v1/completions", json=self._body(False), headers=self.headers
+                )
             self.plain = (answer.status_code, answer.json() if answer.content else None)
         except (httpx.HTTPError, ValueError) as error:
             self.plain_error = repr(error)
+        finally:
+            self.plain_sent.set()
 
     def join(self, timeout_s: float) -> None:
         for thread in self._threads:
@@ -174,14 +182,15 @@ class InFlight:
 
     def summary(self) -> str:
         return (
-            f"stream: {self.stream_tokens} tokens, finish {self.stream_finish}, "
+            f"stream (opened {self.stream_opened.is_set()}): {self.stream_tokens} tokens, "
+            f"finish {self.stream_finish}, "
             f"error {self.stream_error}, last events {self.stream_events[-2:]}; "
             f"plain: {self.plain if self.plain is None else (self.plain[0], _finish(self.plain[1]))} "
             f"error {self.plain_error}"
         )
 
 
-def _both_in_flight(engine: EngineProcess, timeout_s: float, attempts: int = 3) -> InFlight:
+def _both_in_flight(engine: EngineProcess, timeout_s: float, attempts: int = 4) -> InFlight:
     """A pair of LONG requests the engine runs together, its core left stopped for the caller's
     signal. A pair of which one ended before the engine held both (the plain request's thread
     may send late on a loaded machine) is waited out and replaced."""
@@ -189,9 +198,13 @@ def _both_in_flight(engine: EngineProcess, timeout_s: float, attempts: int = 3) 
     for _ in range(attempts):
         # The pair is sent to a stopped core, so it runs only in the spells the poll lets it: CI
         # has seen the core decode both requests whole while this process waited, starved, for
-        # the stream's first tokens. A count is the pair's once the stream has a token.
+        # the stream's first tokens. A count is the pair's once the stream has a token. The core
+        # stays stopped until the stream's head has come, the plain request sent before it, and
+        # a second more: CI has seen three pairs in a row each decoded one request at a time.
         engine.stop_core()
         flight = InFlight(engine, timeout_s)
+        flight.stream_opened.wait(30)
+        time.sleep(1.0)
         if stop_core_while_running(
             engine, 2, ready=flight.streamed, ended=flight.ended, timeout_s=60
         ):
