@@ -183,6 +183,12 @@ class RouterMetrics:
             "Predictive policy: local prefills of a whole step's budget held back (at most their "
             "predicted stall) until the handoffs already sent to their engine landed.",
         )
+        self.step_holds = CounterFamily(
+            "tandem_router_prefills_held_for_step_total",
+            "Predictive policy: prefills held in the router to halfway through their engine's "
+            "next step, which ends this router's prefills queued there, so as not to delay "
+            "them (and those held behind such a prefill).",
+        )
         self.prediction_error = HistogramFamily(
             "tandem_router_prediction_error_ratio",
             "Predictive policy: |observed - predicted| / observed per request (its _sum / _count "

@@ -338,6 +338,11 @@ class CompletionProxy:
             predictive.now,
         )
         try:
+            if placement.hold_s > 0.0:  # a local prefill (candidate.py, hold(d))
+                # its blocks pending on its engine from now, so that what follows it while it is
+                # held is placed as if it had been sent (a burst of one prefix stays together)
+                self.remember(features, plan.decode.engine, None)
+            t_route += await ticket.past_the_shared_step()  # the routing time leaves it out
             await self._carry_out(call, features, plan, index_name, t_route)
         finally:
             ticket.finished(call.output_tokens, call.last_event)

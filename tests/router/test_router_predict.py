@@ -1100,3 +1100,66 @@ def test_completion_tokens_of_a_whole_answer() -> None:
     body = b'{"choices":[],"usage":{"prompt_tokens":12,"completion_tokens": 37,"total_tokens":49}}'
     assert completion_tokens(body) == 37
     assert completion_tokens(b'{"choices":[]}') is None
+
+
+def test_a_long_prompt_is_held_past_the_step_that_ends_the_short_one_before_it() -> None:
+    """vLLM fills a step's budget from what waits when it starts: a long prompt sent now would
+    share the next step with the short prompt that step ends, and delay its first token by its
+    own chunk. It is held to halfway through that step instead, and pays one step's fixed time;
+    a short prompt, whose chunk costs that step less than the step's own length, is sent at
+    once."""
+    _, ledger_of = ledger_table()
+    d = engine("d", "decode")
+    ledger = ledger_of(d)
+    ledger.queue_work(99.9, 8000, 0.0)  # its step in flight: 99.9 to 100.105
+    ledger.queue_work(99.95, 100, 0.0)  # the next step is its last
+    fixed = ledger.queue.pace * ledger.queue.seeds.fixed(0.0, 0.0)
+    step = ledger.queue.last_step(100.0, 0.0, 0.0)
+    assert step is not None
+    long = place([d], [], ledger_of, inputs_for(6000, ttft_ms=2000), "never")
+    assert long.hold_s == pytest.approx(step[0] + step[1] / 2 - 100.0)
+    assert 0.105 < long.hold_s < 0.12
+    assert long.decode.step_delay_s == 0.0
+    unheld = ledger.backlog_s(100.0) + ledger.prefill_s(6000, 6000 * 3000, long.decode.load)
+    assert long.ttft_s == pytest.approx(unheld + fixed)
+    short = place([d], [], ledger_of, inputs_for(50, ttft_ms=2000), "never")
+    assert short.hold_s == 0.0
+    assert short.decode.step_delay_s > 0.0
+
+
+def test_a_held_request_waits_out_its_hold_and_is_judged_from_its_placement() -> None:
+    """The ticket waits out the placement's hold, counts it, and its TTFT error compares the
+    prediction, made at placement, with the time since then: the hold and the upstream part."""
+
+    async def scenario() -> None:
+        metrics = RouterMetrics()
+        predictor = Predictor(PredictiveConfig(), metrics)
+        d = engine("d", "decode")
+        ledger = predictor.ledger(d)
+        now = time.monotonic()
+        ledger.queue_work(now - 0.01, 8000, 0.0)  # a step in flight
+        ledger.queue_work(now - 0.005, 100, 0.0)  # the next one ends it
+        target = SloTarget(5.0, 0.05, False)
+        keys = length_keys(False, 100, 6000, None)
+        output = predictor.lengths.predict(keys, 100)
+        inputs = PlacementInputs(6000, 16, {}, output, target, 0.5, 0.3, 1000.0, 1e6, 1000.0, now)
+        placement = place([d], [], predictor.ledger, inputs, "never")
+        assert placement.hold_s > 0.0
+        ticket = predictor.ticket(placement, 6000, output, keys, target, True, now)
+        started = time.perf_counter()
+        held = await ticket.past_the_shared_step()
+        assert time.perf_counter() - started >= placement.hold_s
+        assert held == pytest.approx(placement.hold_s, abs=0.05)
+        assert "tandem_router_prefills_held_for_step_total 1.0" in metrics.render().decode()
+        upstream = time.monotonic()
+        observed = placement.ttft_s - held  # as predicted, from the placement
+        ticket.first_byte(d, upstream + observed, upstream, None)
+        ticket.finished(1, upstream + observed)
+        (error,) = (
+            float(line.rsplit(" ", 1)[1])
+            for line in metrics.render().decode().splitlines()
+            if line.startswith('tandem_router_prediction_error_ratio_sum{quantity="ttft"}')
+        )
+        assert error == pytest.approx(0.0, abs=1e-9)  # without the hold: held / observed
+
+    asyncio.run(scenario())

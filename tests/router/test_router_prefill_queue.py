@@ -237,3 +237,32 @@ def test_the_pace_of_an_engine_that_fills_its_steps_in_order_is_its_true_pace(ra
         else:
             entries[i] = q.add(at, arrivals[i][1], 0.0, 0.0, 0.0)
     assert q.pace == pytest.approx(2.0, rel=0.02)
+
+
+def test_a_prefill_held_past_the_next_step_is_planned_after_it() -> None:
+    """A long prompt's step in flight, a short one placed after it started (its step is next):
+    a prompt held to halfway through that step misses it, and is computed in the one after."""
+    q = queue()
+    q.add(0.0, 8000, 0.0, 0.0, 0.0)
+    assert q.last_step(0.01, 0.0, 0.0) is None  # the step in flight ends everything
+    q.add(0.01, 100, 0.0, 0.0, 0.0)  # the step after it is the short one's last
+    assert q.last_step(0.02, 0.0, 0.0) == pytest.approx((step_s(8000), step_s(100)))
+    send = step_s(8000) + step_s(100) / 2
+    assert q.held_until(0.02) is None
+    q.add(0.02, 4000, 0.0, 0.0, 0.0, sent=send)
+    assert q.held_until(0.03) == send  # whatever comes next waits as long
+    q.advance(step_s(8000) + 0.001, 0.0, 0.0)  # the short prompt's step, without the held one
+    assert q.step_end == pytest.approx(step_s(8000) + step_s(100))
+    q.advance(q.step_end + 0.001, 0.0, 0.0)
+    assert q.step_start == pytest.approx(step_s(8000) + step_s(100))
+    assert q.step_end == pytest.approx(q.step_start + step_s(4000))
+
+
+def test_a_held_prefill_sent_after_the_engine_went_idle_starts_when_it_comes() -> None:
+    q = queue()
+    q.add(0.0, 1000, 0.0, 0.0, 0.0)
+    q.add(0.001, 1000, 0.0, 0.0, 0.0, sent=1.0)  # held far past the first one's step
+    q.advance(step_s(1000) + 0.001, 0.0, 0.0)
+    assert q.step_end == pytest.approx(1.0)  # nothing of this router's there until it comes
+    q.advance(1.0, 0.0, 0.0)
+    assert (q.step_start, q.step_end) == pytest.approx((1.0, 1.0 + step_s(1000)))

@@ -60,6 +60,19 @@ its targets (T_ttft, T_tpot, `slo.py`) and block size B, with each engine's lear
              they leave in its budget (`prefill_queue.py`, sharers); 0 when it starts a step of
              its own. A burst placed on one engine within a decode step shares one prefill
              step, so each prompt placed there delays every one placed before it
+  hold(d)  = how long a local request waits in the router before it is sent to d: until the
+             last of this router's prefills held for d is sent, if one is still held (vLLM takes
+             prefills in the order they come); else, when its first chunk would join the next
+             step, in which this router's prefills queued on d all end, and joined(d) > δ(d),
+             that step's predicted duration
+             without it (`PrefillQueue.last_step`), until halfway through that step, t0 + δ(d) /
+             2; else 0. vLLM fills a step's budget from what waits when the step starts, so a
+             prompt that comes mid-step waits for the next one and its chunk delays none of the
+             prefills ending in that step, nor the streams decoding in it; it then takes one
+             more step, whose fixed time f(d) = κ_q · (s0 + d1 · D + d2 · X / 1000) it pays:
+             TTFT + f(d), joined(d) = 0. Sent up to δ(d) / 2 early or late, it still misses that
+             step, so the bar is δ(d). A P/D prefill is never held: on the Azure trace, held on
+             the prefill pool, P/D TTFT p99 was 1.24x (docs/router.md)
   waiters(d) = streams(d) + handoffs_due(d): the streams decoding on d, and this router's P/D
              requests to decode on d whose first token has not come (`ledger.py`); a prefilled
              prompt pulled to d joins its waiting queue and is admitted only in a step whose token
@@ -131,6 +144,7 @@ class Candidate:
     overflows: bool  # its KV is predicted to overflow with this request on it
     kv_wait_s: float  # until the engine has KV free for the request (`kv_wait_s`)
     pace: float  # the pace its prefill was predicted at (`prefill_pace`)
+    hold_s: float  # hold(d): how long it waits in the router before it is sent
 
     @property
     def load(self) -> DecodeLoad:
@@ -171,6 +185,11 @@ class Placement:
     def prefill_ledger(self) -> EngineLedger:
         """The ledger of the engine that prefills: the prefill engine's, else the decode one's."""
         return self.prefill.ledger if self.prefill else self.decode.ledger
+
+    @property
+    def hold_s(self) -> float:
+        """How long the request waits in the router before it is sent: hold(d) when local."""
+        return 0.0 if self.prefill is not None else self.decode.hold_s
 
     @property
     def prefill_work(self) -> Work:
@@ -302,7 +321,9 @@ def decode_candidate(engine: Engine, ledger: EngineLedger, inputs: PlacementInpu
     if overflows:
         meet = ttft_meet = 0.0
     waiters = streams + ledger.handoffs_due
-    step_delay = joined_step_s(ledger, own, prompt, inputs.now)
+    hold, ttft, step_delay = held_step(
+        ledger, load, ttft, joined_step_s(ledger, own, prompt, inputs.now), inputs.now
+    )
     return Candidate(
         engine, ledger, own, backlog, open_ahead, ahead, through, ttft, stall, share, tpot, streams,
         waiters,
@@ -314,7 +335,33 @@ def decode_candidate(engine: Engine, ledger: EngineLedger, inputs: PlacementInpu
         overflows,
         kv_wait,
         pace,
+        hold,
     )  # fmt: skip
+
+
+def step_fixed_s(ledger: EngineLedger, load: DecodeLoad) -> float:
+    """f(e) = κ_q · (s0 + d1 · D + d2 · X / 1000): a step's time before its prefill."""
+    queue = ledger.queue
+    return queue.pace * queue.seeds.fixed(load.streams, load.context)
+
+
+def held_step(
+    ledger: EngineLedger, load: DecodeLoad, ttft_s: float, step_delay_s: float, now: float
+) -> tuple[float, float, float]:
+    """(hold(e), TTFT, joined(e)) of a request predicted `ttft_s` and `step_delay_s` if sent now
+    (module docstring; call after the backlog)."""
+    queue = ledger.queue
+    held = queue.held_until(now)
+    if held is not None:
+        return held - now, ttft_s, step_delay_s
+    step = queue.last_step(now, load.streams, load.context)
+    if step is None or step_delay_s <= step[1]:
+        return 0.0, ttft_s, step_delay_s
+    start, duration = step
+    send = start + duration * 0.5
+    if send <= now:
+        return 0.0, ttft_s, step_delay_s
+    return send - now, ttft_s + step_fixed_s(ledger, load), 0.0
 
 
 def prefill_pick(engine: Engine, ledger: EngineLedger, inputs: PlacementInputs) -> PrefillPick:

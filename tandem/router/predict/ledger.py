@@ -156,10 +156,13 @@ class EngineLedger:
         part at the queue's pace."""
         return self.costs.prefill_s(tokens, pairs, load, pace=self.queue.pace)
 
-    def queue_work(self, now: float, tokens: float, pairs: float) -> QueuedPrefill:
-        """A prefill of `tokens` with `pairs` attention pairs placed at `now`; returns its entry."""
+    def queue_work(
+        self, now: float, tokens: float, pairs: float, sent: float | None = None
+    ) -> QueuedPrefill:
+        """A prefill of `tokens` with `pairs` attention pairs placed at `now` and sent at `sent`
+        (`now` unless held); returns its entry."""
         cached = pairs / tokens - tokens * 0.5 if tokens > 0.0 else 0.0
-        return self.queue.add(now, tokens, cached, self.streams, self.stream_tokens)
+        return self.queue.add(now, tokens, cached, self.streams, self.stream_tokens, sent)
 
     def work_done(self, now: float, entry: QueuedPrefill, *, computed: bool) -> None:
         """A prefill placed here has ended at `now`: `computed` (its first token or P/D answer

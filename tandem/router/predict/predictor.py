@@ -188,6 +188,7 @@ class Ticket:
         "_handoff_clean",
         "_handoff_due",
         "_handoff_load",
+        "_held_s",
         "_kv_claim",
         "_placed_at",
         "_prefill_done",
@@ -232,7 +233,7 @@ class Ticket:
         self._prefilled_on: EngineLedger | None = queued_on
         queued_on.prefills_open += 1
         held = placement.prefill_work
-        self._queued = queued_on.queue_work(now, held.tokens, held.pairs)
+        self._queued = queued_on.queue_work(now, held.tokens, held.pairs, now + placement.hold_s)
         self._kv_claim = 0.0
         self._handoff_due = False
         self._pulling = False  # sent to the decode engine, no first byte yet
@@ -248,6 +249,7 @@ class Ticket:
         self._handoff_clean = False
         self._alone = False  # nothing of this router's was placed behind it on its engine
         self._handoff_load = placement.decode.load  # the decode engine's as the handoff starts
+        self._held_s = 0.0  # the hold it waited out before its first upstream request
         self._placed_at = time.perf_counter()
 
     def _release_queue(self, *, computed: bool) -> None:
@@ -312,6 +314,19 @@ class Ticket:
         self._claim_decode()
         placement.decode.ledger.pull_started()
         return placement.decode.engine
+
+    async def past_the_shared_step(self) -> float:
+        """Waits out the placement's hold (hold(d), `candidate.py`: the request would otherwise
+        join the step that ends this router's prefills queued on its engine); returns the
+        seconds it waited, which its observed TTFT includes from then on."""
+        hold = self.placement.hold_s
+        if hold <= 0.0:
+            return 0.0
+        self.predictor.metrics.step_holds.inc()
+        started = time.perf_counter()
+        await asyncio.sleep(hold)
+        self._held_s = time.perf_counter() - started
+        return self._held_s
 
     async def behind_pulls(self) -> None:
         """A local prefill that fills a whole step's token budget (its uncached tokens at least
@@ -428,6 +443,7 @@ class Ticket:
                     "meet": round(c.meet, 3),
                     "ttft_meet": round(c.ttft_meet, 3),
                     "cost_ms": ms(c.cost),
+                    "hold_ms": ms(c.hold_s),
                     "overflows": c.overflows,
                 }
                 for c in placement.candidates
@@ -454,6 +470,7 @@ class Ticket:
             if prefill is None
             else ms(placement.ttft_s - prefill.ttft_s - placement.handoff_wait_s),
             "tpot_ms": ms(decode.tpot_s),
+            "hold_ms": ms(placement.hold_s),
             "wait_obs_ms": ms(None if start is None else start - self._placed_at),
             "ttft_obs_ms": ms(None if first is None or start is None else first - start),
             "prefill_obs_ms": ms(self._prefill_s),
@@ -490,7 +507,8 @@ class Ticket:
         elif self._prefill_done is not None and self._handoff_clean:
             seconds = first - self._prefill_done
             ledger.costs.observe_handoff(self.prompt_tokens, self._handoff_load, seconds)
-        log_ratio = self.predictor.observe_error("ttft", placement.ttft_s, observed)
+        # predicted from the placement: `observed` ran from the upstream request, after the hold
+        log_ratio = self.predictor.observe_error("ttft", placement.ttft_s, observed + self._held_s)
         if log_ratio is not None:
             ledger.learn_ttft(log_ratio)
 

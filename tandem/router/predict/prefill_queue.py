@@ -104,7 +104,7 @@ class QueuedPrefill:
     cached: float
     left: float
     in_step: float = 0.0  # tokens of it in the step in flight
-    placed: float = 0.0  # when it was placed
+    placed: float = 0.0  # when it was sent to the engine (after its hold, `hold_until`)
     done_at: float = 0.0  # when the replay ended its last chunk (once left is 0)
 
     def end_step(self, at: float) -> None:
@@ -196,11 +196,19 @@ class PrefillQueue:
         return bool(self.entries) and self.entries[-1].left > 0.0
 
     def add(
-        self, now: float, tokens: float, cached: float, streams: float, context: float
+        self,
+        now: float,
+        tokens: float,
+        cached: float,
+        streams: float,
+        context: float,
+        sent: float | None = None,
     ) -> QueuedPrefill:
-        """A prefill of `tokens` after `cached` placed at `now`; returns its entry."""
+        """A prefill of `tokens` after `cached` placed at `now` and sent to the engine at `sent`
+        (`now` unless held: `hold_until`); returns its entry."""
         self.advance(now, streams, context)
-        entry = QueuedPrefill(max(tokens, 1.0), max(cached, 0.0), max(tokens, 1.0), placed=now)
+        placed = now if sent is None else max(sent, now)
+        entry = QueuedPrefill(max(tokens, 1.0), max(cached, 0.0), max(tokens, 1.0), placed=placed)
         if not self.entries:
             self._fresh = (entry, entry.tokens)
         idle = not self.busy
@@ -228,7 +236,9 @@ class PrefillQueue:
                 self.step_end += self._plan(streams, context)
 
     def _plan(self, streams: float, context: float) -> float:
-        """Fills the next step in queue order; returns its duration κ_q · seed."""
+        """Fills the next step in queue order with the entries sent by its start; returns its
+        duration κ_q · seed, or, when the first entry with work left is still held, the time
+        until it is sent (the engine has nothing of this router's to compute until then)."""
         seeds = self.seeds
         budget = seeds.budget(streams)
         tokens = pairs = 0.0
@@ -237,6 +247,10 @@ class PrefillQueue:
                 break
             if entry.left <= 0.0:
                 continue
+            if entry.placed > self.step_start:  # held: neither it nor anything behind it is there
+                if tokens <= 0.0:
+                    return max(entry.placed - self.step_start, 0.0)
+                break
             take = min(entry.left, budget)
             entry.in_step = take
             pairs += entry.pairs(take, entry.tokens - entry.left)
@@ -261,6 +275,36 @@ class PrefillQueue:
             tokens, pairs, streams, context
         )
         return max(replayed, overdue)
+
+    def held_until(self, now: float) -> float | None:
+        """When the last entry is sent, if it is still held at `now`: a prefill placed now is
+        held as long (the engine takes prefills in the order they come)."""
+        entries = self.entries
+        return entries[-1].placed if entries and entries[-1].placed > now else None
+
+    def last_step(self, now: float, streams: float, context: float) -> tuple[float, float] | None:
+        """(t0, δ) of the step in which this router's prefills queued here end, when a prefill
+        placed at `now` (after `drain_s`, which advances) would join it and it is the next one:
+        t0 its start (the end of the step in flight, or the start of the step planned and not
+        started) and δ = κ_q · seed of their rest R ≤ B; None otherwise (the replay idle, the
+        step in flight ending them all, or their rest needing more than one step)."""
+        if not self.busy:
+            return None
+        entries = self.entries
+        started = now >= self.step_start
+        start = self.step_end if started else self.step_start
+        tokens = pairs = 0.0
+        for entry in entries:
+            rest = entry.left - (entry.in_step if started else 0.0)
+            if rest > 0.0:
+                tokens += rest
+                pairs += entry.pairs(rest, entry.tokens - rest)
+        if tokens <= 0.0 or tokens > self.seeds.budget(streams):
+            return None
+        if not started:
+            return start, self.step_end - start
+        seeds = self.seeds
+        return start, self.pace * (seeds.fixed(streams, context) + seeds.work(tokens, pairs))
 
     def sharers(self, now: float, streams: float) -> tuple[int, float]:
         """(n, room): the entries whose last chunk is in the step a prefill placed at `now`
