@@ -64,9 +64,8 @@ its targets (T_ttft, T_tpot, `slo.py`) and block size B, with each engine's lear
              last of this router's prefills held for d is sent, if one is still held (vLLM takes
              prefills in the order they come); else, when its first chunk would join the next
              step, in which this router's prefills queued on d all end, and joined(d) > δ(d),
-             that step's predicted duration
-             without it (`PrefillQueue.last_step`), until halfway through that step, t0 + δ(d) /
-             2; else 0. vLLM fills a step's budget from what waits when the step starts, so a
+             that step's predicted duration without it (`PrefillQueue.last_step`), until
+             halfway through that step, t0 + δ(d) / 2; else 0. vLLM fills a step's budget from what waits when the step starts, so a
              prompt that comes mid-step waits for the next one and its chunk delays none of the
              prefills ending in that step, nor the streams decoding in it; it then takes one
              more step, whose fixed time f(d) = κ_q · (s0 + d1 · D + d2 · X / 1000) it pays:
@@ -357,11 +356,8 @@ def held_step(
     step = queue.last_step(now, load.streams, load.context)
     if step is None or step_delay_s <= step[1]:
         return 0.0, ttft_s, step_delay_s
-    start, duration = step
-    send = start + duration * 0.5
-    if send <= now:
-        return 0.0, ttft_s, step_delay_s
-    return send - now, ttft_s + step_fixed_s(ledger, load), 0.0
+    start, duration = step  # start > now: the backlog advanced the replay to now
+    return start + duration * 0.5 - now, ttft_s + step_fixed_s(ledger, load), 0.0
 
 
 def prefill_pick(engine: Engine, ledger: EngineLedger, inputs: PlacementInputs) -> PrefillPick:

@@ -104,7 +104,7 @@ class QueuedPrefill:
     cached: float
     left: float
     in_step: float = 0.0  # tokens of it in the step in flight
-    placed: float = 0.0  # when it was sent to the engine (after its hold, `hold_until`)
+    placed: float = 0.0  # when it was sent to the engine (after its hold: `held_until`)
     done_at: float = 0.0  # when the replay ended its last chunk (once left is 0)
 
     def end_step(self, at: float) -> None:
@@ -205,7 +205,7 @@ class PrefillQueue:
         sent: float | None = None,
     ) -> QueuedPrefill:
         """A prefill of `tokens` after `cached` placed at `now` and sent to the engine at `sent`
-        (`now` unless held: `hold_until`); returns its entry."""
+        (`now` unless held in the router: `held_until`); returns its entry."""
         self.advance(now, streams, context)
         placed = now if sent is None else max(sent, now)
         entry = QueuedPrefill(max(tokens, 1.0), max(cached, 0.0), max(tokens, 1.0), placed=placed)
@@ -265,16 +265,22 @@ class PrefillQueue:
         overdue = self._overdue_s(streams, context)
         if not self.busy:
             return overdue
-        tokens = pairs = 0.0
-        for entry in self.entries:
-            left = entry.left - entry.in_step
-            if left > 0.0:
-                tokens += left
-                pairs += entry.pairs(left, entry.tokens - left)
+        tokens, pairs = self._work_left(past_step=True)
         replayed = max(self.step_end - now, 0.0) + self.pace * self._seed_s(
             tokens, pairs, streams, context
         )
         return max(replayed, overdue)
+
+    def _work_left(self, *, past_step: bool) -> tuple[float, float]:
+        """The tokens left to compute of every entry and their attention pairs, beyond the step
+        in flight when `past_step`, else with it."""
+        tokens = pairs = 0.0
+        for entry in self.entries:
+            left = entry.left - (entry.in_step if past_step else 0.0)
+            if left > 0.0:
+                tokens += left
+                pairs += entry.pairs(left, entry.tokens - left)
+        return tokens, pairs
 
     def held_until(self, now: float) -> float | None:
         """When the last entry is sent, if it is still held at `now`: a prefill placed now is
@@ -285,26 +291,18 @@ class PrefillQueue:
     def last_step(self, now: float, streams: float, context: float) -> tuple[float, float] | None:
         """(t0, δ) of the step in which this router's prefills queued here end, when a prefill
         placed at `now` (after `drain_s`, which advances) would join it and it is the next one:
-        t0 its start (the end of the step in flight, or the start of the step planned and not
-        started) and δ = κ_q · seed of their rest R ≤ B; None otherwise (the replay idle, the
-        step in flight ending them all, or their rest needing more than one step)."""
+        t0 > now its start (the end of the step in flight, or the start of the step planned and
+        not started) and δ = κ_q · seed of their rest R ≤ B; None otherwise (the replay idle,
+        the step in flight ending them all, or their rest needing more than one step)."""
         if not self.busy:
             return None
-        entries = self.entries
         started = now >= self.step_start
-        start = self.step_end if started else self.step_start
-        tokens = pairs = 0.0
-        for entry in entries:
-            rest = entry.left - (entry.in_step if started else 0.0)
-            if rest > 0.0:
-                tokens += rest
-                pairs += entry.pairs(rest, entry.tokens - rest)
+        tokens, pairs = self._work_left(past_step=started)
         if tokens <= 0.0 or tokens > self.seeds.budget(streams):
             return None
         if not started:
-            return start, self.step_end - start
-        seeds = self.seeds
-        return start, self.pace * (seeds.fixed(streams, context) + seeds.work(tokens, pairs))
+            return self.step_start, self.step_end - self.step_start
+        return self.step_end, self.pace * self._seed_s(tokens, pairs, streams, context)
 
     def sharers(self, now: float, streams: float) -> tuple[int, float]:
         """(n, room): the entries whose last chunk is in the step a prefill placed at `now`
