@@ -9,6 +9,8 @@ Prints, for each router:
       output tokens/s, prefix-cache hit rate (the engines' prompt tokens from cache, each request
       once: tandem.bench.stats.prompt_hit_rate) and
       max/mean requests per engine.
+Router `tandem-predictive` is Tandem under `--policy predictive` beside `tandem` (its default
+policy) in the same run, so what the predictive policy adds is read from one run.
 Every load loop is bounded in request count and in time. The peers are installed into
 ~/.cache/tandem/peers (outside the repository) when missing.
 
@@ -21,6 +23,7 @@ added p50/p99 over nginx direct at concurrency 1 and 64, req/s at 64, the router
 vllm-router; `--before-tree DIR` adds Tandem from another source tree on one core (before/after).
 
     .venv/bin/python benchmarks/router_bench.py [--quick] [--routers tandem,sglang,vllm]
+    .venv/bin/python benchmarks/router_bench.py --parts ab --routers tandem,tandem-predictive
     .venv/bin/python benchmarks/router_bench.py --method nginx --cores 1,2,4 [--before-tree DIR]
 """
 
@@ -32,6 +35,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import statistics
@@ -55,6 +59,8 @@ PEER_PACKAGES = ["vllm-router==0.1.17", "sglang-router==0.3.2"]
 ENGINE_BLOCK_TOKENS = 16  # the emulated engines' KV block size
 SUCCESS = "vllm:request_success_total"
 MODEL = "tiny"
+# Tandem's router kinds: its default policy, and the predictive one beside it in the same run
+TANDEM_POLICIES = {"tandem": [], "tandem-predictive": ["--policy", "predictive"]}
 
 
 def ensure_peers() -> None:
@@ -188,12 +194,12 @@ def start_engine(
 
 def router_argv(kind: str, port: int, urls: list[str], tandem_args: list[str]) -> list[str]:
     """The command line of one router over `urls` (`tandem_args`: Tandem's further flags)."""
-    if kind == "tandem":
+    if kind in TANDEM_POLICIES:
         argv = [sys.executable, "-m", "tandem.cli", "router", "--host", "127.0.0.1", "--port", str(port),
                 "--model", MODEL, "--log-level", "warning"]  # fmt: skip
         for url in urls:
             argv += ["--worker", url]
-        return argv + tandem_args
+        return argv + TANDEM_POLICIES[kind] + tandem_args
     # flags both peers share (they come from one code base); ports set explicitly, see docs/protocols.md §6
     shared = ["--host", "127.0.0.1", "--port", str(port), "--worker-urls", *urls,
               "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]  # fmt: skip
@@ -208,7 +214,7 @@ def router_argv(kind: str, port: int, urls: list[str], tandem_args: list[str]) -
 
 def ready_path(kind: str) -> str:
     """The path that answers 200 once a router of `kind` serves."""
-    return "/v1/models" if kind == "tandem" else "/health"
+    return "/v1/models" if kind in TANDEM_POLICIES else "/health"
 
 
 def emulated_pool_flags(engines: list[Proc], kv_events: bool = True) -> list[str]:
@@ -333,6 +339,43 @@ async def closed_loop(
     return run
 
 
+async def alternating(
+    urls: dict[str, str], bodies: list[bytes], time_limit: float, seed: int
+) -> dict[str, Run]:
+    """Concurrency 1 on every URL at once: each body goes to each URL in turn, in an order shuffled
+    per body, so a drift of the shared machine meets every router alike (a run of one URL after
+    another put seconds between them, and the routers' c1 p50 moved by more than their gap)."""
+    runs = {name: Run() for name in urls}
+    order = list(urls)
+    rng = random.Random(seed)
+    deadline = time.monotonic() + time_limit
+    async with contextlib.AsyncExitStack() as stack:
+        sessions = {
+            name: await stack.enter_async_context(
+                aiohttp.ClientSession(
+                    connector=aiohttp.TCPConnector(limit=0, force_close=False),
+                    timeout=aiohttp.ClientTimeout(total=120),
+                    cookie_jar=aiohttp.DummyCookieJar(),
+                    auto_decompress=False,
+                )
+            )
+            for name in urls
+        }
+        start = time.perf_counter()
+        for body in bodies:
+            if time.monotonic() >= deadline:
+                break
+            rng.shuffle(order)
+            for name in order:
+                runs[name].samples.append(
+                    await one_request(sessions[name], urls[name], body, False)
+                )
+        wall = time.perf_counter() - start
+    for run in runs.values():
+        run.wall = wall
+    return runs
+
+
 def tiny_bodies(n: int, seed: int) -> list[bytes]:
     rng = random.Random(seed)
     return [
@@ -451,8 +494,10 @@ async def measure_overhead(
 ) -> dict[str, dict[str, float]]:
     """Latency through each router and directly, interleaved over `rounds`; medians of the rounds.
 
-    Every router runs beside the others in front of the same engine, so the rounds alternate
-    direct -> tandem -> sglang -> vllm and drifts of the shared machine hit all of them alike.
+    Every router runs beside the others in front of the same engine; at concurrency 1 each
+    request goes to the engine directly and through every router in turn (`alternating`), at 64
+    the rounds alternate direct -> tandem -> sglang -> vllm, so drifts of the shared machine hit
+    all of them alike.
     """
     engine = start_engine(speedup=1000.0, profile=None, blocks=None)
     routers: dict[str, Proc] = {}
@@ -467,8 +512,9 @@ async def measure_overhead(
         for url in urls.values():
             await closed_loop(url, tiny_bodies(200, 1), 8, False, time_limit)  # warm-up
         for round_ in range(rounds):
+            c1_runs = await alternating(urls, tiny_bodies(n1, 10 + round_), time_limit, round_)
             for name, url in urls.items():
-                c1 = await closed_loop(url, tiny_bodies(n1, 10 + round_), 1, False, time_limit)
+                c1 = c1_runs[name]
                 c64 = await closed_loop(url, tiny_bodies(n64, 20 + round_), 64, False, time_limit)
                 lat1 = [s.latency for s in c1.good]
                 lat64 = [s.latency for s in c64.good]
@@ -614,8 +660,10 @@ def router_variants(
     from the CPU affinity)."""
     variants: dict[str, tuple[str, list[str], Path]] = {}
     for kind in kinds:
-        if kind != "tandem":
+        if kind not in TANDEM_POLICIES:
             variants[kind] = (kind, [], ROOT)
+        elif kind != "tandem":  # another policy: one process, beside Tandem's default
+            variants[kind] = (kind, ["--no-kv-events"], ROOT)
         elif cores == 1:
             variants["tandem"] = (kind, ["--no-kv-events"], ROOT)
             if before is not None:
@@ -731,7 +779,7 @@ def print_nginx_report(results: dict[str, dict[str, dict[str, float]]], load: st
         budget: row
         for budget, rows in results.items()
         for name, row in rows.items()
-        if name == "tandem" or name.startswith("tandem-p")
+        if name == "tandem" or re.fullmatch(r"tandem-p\d+", name)
     }
     one = results.get("1", {})
     if "tandem-before" in one and "tandem" in one:
@@ -826,10 +874,10 @@ def print_report(
     keys = ("c1_p50", "c1_p99", "c64_p50", "c64_p99")
     direct = overhead.get("direct", {})
     header = "".join(f"{k.replace('_', ' '):>19}" for k in keys)
-    print(f"    {'router':<8}{header} {'errors':>6}   c1 p50 added vs {ref}")
+    print(f"    {'router':<17}{header} {'errors':>6}   c1 p50 added vs {ref}")
     if direct:
         cells = "".join(f"{'(' + format(direct[k] * 1e6, '.0f') + ')':>19}" for k in keys)
-        print(f"    {'direct':<8}{cells} {int(direct['errors']):6d}")
+        print(f"    {'direct':<17}{cells} {int(direct['errors']):6d}")
     for kind in kinds:
         row = overhead.get(kind)
         if not row:
@@ -844,16 +892,16 @@ def print_report(
             if ref in overhead
             else float("nan")
         )
-        print(f"    {kind:<8}{cells} {int(row['errors']):6d}   {ratio(added['c1_p50'], base)}")
+        print(f"    {kind:<17}{cells} {int(row['errors']):6d}   {ratio(added['c1_p50'], base)}")
     print("\n(b) throughput per router core (closed loop, concurrency 64, 4 engines)")
     print(
-        f"    {'router':<8} {'req/s':>8} {'cpu s':>7} {'req/s/core':>11} {'errors':>6}   vs {ref}"
+        f"    {'router':<17} {'req/s':>8} {'cpu s':>7} {'req/s/core':>11} {'errors':>6}   vs {ref}"
     )
     for kind in kinds:
         row = throughput.get(kind)
         if row:
             print(
-                f"    {kind:<8} {row['rps']:8.0f} {row['cpu_s']:7.2f} {row['rps_per_core']:11.0f} "
+                f"    {kind:<17} {row['rps']:8.0f} {row['cpu_s']:7.2f} {row['rps_per_core']:11.0f} "
                 f"{int(row['errors']):6d}   {ratio(row['rps_per_core'], throughput.get(ref, {}).get('rps_per_core', 0))}"
             )
     print(
@@ -861,14 +909,14 @@ def print_report(
         "rounds pooled)"
     )
     print(
-        f"    {'router':<8} {'TTFT p50':>9} {'p90':>8} {'p99':>8} {'out tok/s':>10} {'hit rate':>9} "
+        f"    {'router':<17} {'TTFT p50':>9} {'p90':>8} {'p99':>8} {'out tok/s':>10} {'hit rate':>9} "
         f"{'max/mean':>9} {'req':>5} {'err':>4}   TTFT p50 vs {ref}"
     )
     for kind in kinds:
         row = prefix.get(kind)
         if row:
             print(
-                f"    {kind:<8} {row['ttft_p50'] * 1e3:7.0f}ms {row['ttft_p90'] * 1e3:6.0f}ms {row['ttft_p99'] * 1e3:6.0f}ms "
+                f"    {kind:<17} {row['ttft_p50'] * 1e3:7.0f}ms {row['ttft_p90'] * 1e3:6.0f}ms {row['ttft_p99'] * 1e3:6.0f}ms "
                 f"{row['out_tok_s']:10.0f} {row['hit_rate']:9.1%} {row['max_mean_load']:9.2f} {int(row['requests']):5d} "
                 f"{int(row['errors']):4d}   {ratio(row['ttft_p50'], prefix.get(ref, {}).get('ttft_p50', 0))}"
             )
@@ -878,7 +926,7 @@ async def main_async(args: argparse.Namespace) -> int:
     global VLLM_POLICY
     TANDEM_EXTRA_ARGS.extend(args.tandem_args.split())
     kinds = [k.strip() for k in args.routers.split(",") if k.strip()]
-    if any(k != "tandem" for k in kinds):
+    if any(k not in TANDEM_POLICIES for k in kinds):
         ensure_peers()
     if args.method == "nginx":
         return await main_nginx(args, kinds)
@@ -943,7 +991,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--routers", default="tandem,sglang,vllm")
+    parser.add_argument(
+        "--routers", default="tandem,sglang,vllm", help="of tandem, tandem-predictive, sglang, vllm"
+    )
     parser.add_argument("--quick", action="store_true", help="fewer requests (smoke run)")
     parser.add_argument(
         "--time-limit", type=float, default=120.0, help="seconds per load loop at most"

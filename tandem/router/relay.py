@@ -66,11 +66,14 @@ class Relay:
             engine.pending -= 1
         if self._kv_failed(answer, response.status, False, data):
             return True
-        self.first_byte(call, engine, route, headers)
-        if call.ticket is not None:
-            call.output_tokens = completion_tokens(data)
+        first_byte = self.first_byte(call, engine, route, headers)
         content_type = response.header("content-type") or "application/json"
         call.responder.send(response.status, data, headers, content_type)
+        if call.ticket is not None:
+            call.ticket.first_byte(
+                engine, first_byte, call.timing.upstream_start, call.timing.prefill_done
+            )
+            call.output_tokens = completion_tokens(data)
         metrics.child(metrics.e2e, route.value, engine.id).observe(
             time.perf_counter() - call.timing.start
         )
@@ -94,7 +97,7 @@ class Relay:
         itl = metrics.child(metrics.itl, engine.id)
         pending = True
         last = 0.0
-        counting = call.ticket is not None
+        ticket = call.ticket
         events = 0
         try:
             async for chunk in response.chunks():
@@ -105,14 +108,18 @@ class Relay:
                         return True
                     last = self.first_byte(call, engine, route, headers)
                     responder.start(status, headers, content_type)
+                    await responder.write(chunk)
+                    if ticket is not None:
+                        timing = call.timing
+                        ticket.first_byte(engine, last, timing.upstream_start, timing.prefill_done)
                 else:
                     now = time.perf_counter()
                     itl.observe(now - last)
                     last = now
+                    await responder.write(chunk)
                 engine.heard_at = last
-                if counting:
+                if ticket is not None:
                     events += chunk.count(b"data:")
-                await responder.write(chunk)
         except UpstreamError as exc:
             self.on_failure("decode", engine, exc)
             status = 504 if isinstance(exc, UpstreamTimeout) else 502
@@ -127,7 +134,7 @@ class Relay:
         if not responder.started:  # an empty stream
             responder.start(status, headers, content_type)
         responder.end()
-        if counting and status == 200:
+        if ticket is not None and status == 200:
             call.output_tokens = output_events(call.chat, call.body, events)
             call.last_event = last
         metrics.child(metrics.e2e, route.value, engine.id).observe(
@@ -139,11 +146,11 @@ class Relay:
     def first_byte(
         self, call: Call, engine: Engine, route: Route, headers: list[tuple[str, str]]
     ) -> float:
-        """Records the stages that end at the decode pod's first body byte; returns its time."""
+        """Records the stages that end at the decode pod's first body byte; returns its time (the
+        ticket's `first_byte` comes once the client has been sent that byte: its bookkeeping is
+        not on the client's way to its first token)."""
         now = time.perf_counter()
         timing = call.timing
-        if call.ticket is not None:
-            call.ticket.first_byte(engine, now, timing.upstream_start, timing.prefill_done)
         metrics = self.metrics
         if timing.prefill_done is not None:
             metrics.child(metrics.kv_handoff, engine.id).observe(now - timing.prefill_done)
