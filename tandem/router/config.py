@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from tandem.common.routing import (
     AdmissionConfig,
@@ -83,6 +84,22 @@ class StaticEndpoint(_Strict):
     kv_events_replay: str | None = Field(None, alias="kvEventsReplay")
     # The engine's VLLM_NIXL_SIDE_CHANNEL_PORT (vLLM's default 5600 when unset).
     side_channel_port: int | None = Field(None, alias="sideChannelPort")
+
+    @field_validator("url")
+    @classmethod
+    def _engine_url(cls, url: str) -> str:
+        """http(s)://HOST[:PORT][/PATH]: refused here rather than on every request."""
+        parts = urlsplit(url)
+        try:
+            port = parts.port
+        except ValueError:
+            port = -1
+        if parts.scheme not in ("http", "https") or not parts.hostname or port == -1:
+            raise ValueError(
+                f"engine URL {url!r} is not http(s)://HOST[:PORT] (KV events go in kvEvents, "
+                "or `--kv-events URL=tcp://HOST:PORT`)"
+            )
+        return url
 
 
 class StaticDiscovery(_Strict):

@@ -53,6 +53,22 @@ def test_flags_build_static_engines_with_kv_events() -> None:
     assert engines["http://d:8000"].kv_events_replay == "tcp://d:5558"
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1:8000=tcp://127.0.0.1:5557,tcp://127.0.0.1:5558",  # --kv-events' value
+        "127.0.0.1:8000",
+        "tcp://127.0.0.1:5557",
+        "http://:8000",
+    ],
+)
+def test_an_engine_url_that_is_not_http_is_refused_at_start(url: str) -> None:
+    """Taken, it failed every request with a 500 (the port could not be parsed per request)."""
+    with pytest.raises(ValueError, match="is not http\\(s\\)://HOST"):
+        _config("--model", "m", "--worker", url)
+    assert _config("--model", "m", "--worker", "http://[::1]:8000").static is not None
+
+
 def test_bad_kv_events_flag_is_refused() -> None:
     with pytest.raises(SystemExit):
         _config("--model", "m", "--decode", "http://d:8000", "--kv-events", "http://d:8000")
