@@ -24,6 +24,7 @@ from tandem.router.predict.candidate import (
     decode_candidate,
     handoff_wait_s,
     kv_overflows,
+    slowed_by_prefills,
     stream_slack_s,
     through_first_token,
 )
@@ -151,6 +152,15 @@ def test_prefill_share_is_a_decayed_rate() -> None:
     peak = 0.1 / (1 - math.exp(-0.25))  # just after a prefill; just before the next, peak - 0.1
     assert ledger.prefill_share(20.0 + 199 * 0.25) == pytest.approx(peak)
     assert ledger.prefill_share(20.0 + 199.999 * 0.25) == pytest.approx(peak - 0.1, rel=1e-3)
+
+
+def test_the_share_slows_a_stream_by_at_most_three_and_a_third_steps() -> None:
+    """step / (1 - min(share, 0.7)): streams placed on the prefix-heavy trace where the share
+    was 0.8-1.8 took 3.4-3.6 steps a token, where a cap of 0.9 predicted ten (docs/router.md)."""
+    assert slowed_by_prefills(0.03, 0.0) == pytest.approx(0.03)
+    assert slowed_by_prefills(0.03, 0.5) == pytest.approx(0.06)
+    assert slowed_by_prefills(0.03, 0.7) == pytest.approx(0.1)
+    assert slowed_by_prefills(0.03, 1.5) == pytest.approx(0.1)
 
 
 # -- output length ------------------------------------------------------------------------------

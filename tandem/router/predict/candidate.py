@@ -40,7 +40,7 @@ its targets (T_ttft, T_tpot, `slo.py`) and block size B, with each engine's lear
             carries d's decode load, streams(d) and context(d), and one that starts with
             backlog(d) = 0 waits for half a decode step in flight first: `cost_model.py`)
     stall = prefill_compute_s_d(own work)  (what each stream decoding on d waits for it)
-    TPOT  = step_s_d(streams(d) + 1, context(d) + P + L / 2) / (1 - min(share(d), 0.9))
+    TPOT  = step_s_d(streams(d) + 1, context(d) + P + L / 2) / (1 - min(share(d), 0.7))
   prefill engine p, then decode engine d:
     wait  = max(busy(d) - TTFT_p, 0), TTFT_p = backlog(p) + prefill_s_p(through(p)),
             busy(d) = max(backlog(d) + prefill_s_d(ahead(d)), kv_wait(d)) (0 without any): the
@@ -90,7 +90,9 @@ from tandem.router.predict.ledger import EngineLedger
 from tandem.router.predict.output_length import LengthPrediction
 from tandem.router.predict.slo import SloTarget, meet_probability
 
-MAX_SHARE = 0.9  # a prefill share above it predicts a TPOT of ten steps, not an infinite one
+# Streams placed where the share was higher saw about 1 / (1 - 0.7) steps a token, no more: the
+# work behind such a share is mostly ahead of them, done by their first token (docs/router.md)
+MAX_SHARE = 0.7
 
 
 @dataclass(frozen=True, slots=True)
@@ -386,7 +388,7 @@ def kv_overflows(engine: Engine, ledger: EngineLedger, context: float, new_token
 
 def slowed_by_prefills(step_s: float, share: float) -> float:
     """A decode step's time per output token on an engine that prefills `share` of its time:
-    step / (1 - min(share, 0.9))."""
+    step / (1 - min(share, 0.7))."""
     return step_s / (1.0 - min(share, MAX_SHARE))
 
 

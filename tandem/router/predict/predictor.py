@@ -26,7 +26,7 @@ it: `placement.pace_unknown_and_tried`):
                                when none of this router's prefills was open on it as the
                                handoff started (a wait behind them is not the handoff's cost)
     end of a stream         -> step model of the decode engine: (streams + 1, context + its
-                               tokens, TPOT · (1 - min(share, 0.9))), with TPOT = (last event -
+                               tokens, TPOT · (1 - min(share, 0.7))), with TPOT = (last event -
                                first byte) / (output events - 1) and share the prefill share its
                                prediction was slowed by (the step itself, as the model predicts it);
                                answers of fewer than MIN_TPOT_TOKENS events give no TPOT sample
