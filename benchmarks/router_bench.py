@@ -313,6 +313,17 @@ async def one_request(
         return Sample(False, time.perf_counter() - start)
 
 
+def load_session() -> aiohttp.ClientSession:
+    """A load client's session: keep-alive connections without a limit, no cookies, bodies as
+    sent."""
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0, force_close=False),
+        timeout=aiohttp.ClientTimeout(total=120),
+        cookie_jar=aiohttp.DummyCookieJar(),
+        auto_decompress=False,
+    )
+
+
 async def closed_loop(
     url: str, bodies: list[bytes], concurrency: int, stream: bool, time_limit: float
 ) -> Run:
@@ -320,14 +331,7 @@ async def closed_loop(
     run = Run()
     queue = list(reversed(bodies))
     deadline = time.monotonic() + time_limit
-    connector = aiohttp.TCPConnector(limit=0, force_close=False)
-    timeout = aiohttp.ClientTimeout(total=120)
-    async with aiohttp.ClientSession(
-        connector=connector,
-        timeout=timeout,
-        cookie_jar=aiohttp.DummyCookieJar(),
-        auto_decompress=False,
-    ) as session:
+    async with load_session() as session:
 
         async def worker() -> None:
             while queue and time.monotonic() < deadline:
@@ -350,17 +354,7 @@ async def alternating(
     rng = random.Random(seed)
     deadline = time.monotonic() + time_limit
     async with contextlib.AsyncExitStack() as stack:
-        sessions = {
-            name: await stack.enter_async_context(
-                aiohttp.ClientSession(
-                    connector=aiohttp.TCPConnector(limit=0, force_close=False),
-                    timeout=aiohttp.ClientTimeout(total=120),
-                    cookie_jar=aiohttp.DummyCookieJar(),
-                    auto_decompress=False,
-                )
-            )
-            for name in urls
-        }
+        sessions = {name: await stack.enter_async_context(load_session()) for name in urls}
         start = time.perf_counter()
         for body in bodies:
             if time.monotonic() >= deadline:

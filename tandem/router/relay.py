@@ -69,10 +69,8 @@ class Relay:
         first_byte = self.first_byte(call, engine, route, headers)
         content_type = response.header("content-type") or "application/json"
         call.responder.send(response.status, data, headers, content_type)
+        ticket_first_byte(call, engine, first_byte)
         if call.ticket is not None:
-            call.ticket.first_byte(
-                engine, first_byte, call.timing.upstream_start, call.timing.prefill_done
-            )
             call.output_tokens = completion_tokens(data)
         metrics.child(metrics.e2e, route.value, engine.id).observe(
             time.perf_counter() - call.timing.start
@@ -109,9 +107,7 @@ class Relay:
                     last = self.first_byte(call, engine, route, headers)
                     responder.start(status, headers, content_type)
                     await responder.write(chunk)
-                    if ticket is not None:
-                        timing = call.timing
-                        ticket.first_byte(engine, last, timing.upstream_start, timing.prefill_done)
+                    ticket_first_byte(call, engine, last)
                 else:
                     now = time.perf_counter()
                     itl.observe(now - last)
@@ -146,9 +142,7 @@ class Relay:
     def first_byte(
         self, call: Call, engine: Engine, route: Route, headers: list[tuple[str, str]]
     ) -> float:
-        """Records the stages that end at the decode pod's first body byte; returns its time (the
-        ticket's `first_byte` comes once the client has been sent that byte: its bookkeeping is
-        not on the client's way to its first token)."""
+        """Records the stages that end at the decode pod's first body byte; returns its time."""
         now = time.perf_counter()
         timing = call.timing
         metrics = self.metrics
@@ -157,6 +151,14 @@ class Relay:
         metrics.child(metrics.ttft, route.value, engine.id).observe(now - timing.start)
         timing.add_headers(headers, now)
         return now
+
+
+def ticket_first_byte(call: Call, engine: Engine, at: float) -> None:
+    """The predictive ticket's first byte (`Ticket.first_byte`) at `at`, called once the client
+    has been sent that byte: its bookkeeping is not on the client's way to its first token."""
+    if call.ticket is not None:
+        timing = call.timing
+        call.ticket.first_byte(engine, at, timing.upstream_start, timing.prefill_done)
 
 
 def output_events(chat: bool, body: dict[str, Any], events: int) -> int:

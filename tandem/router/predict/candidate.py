@@ -65,13 +65,14 @@ its targets (T_ttft, T_tpot, `slo.py`) and block size B, with each engine's lear
              prefills in the order they come); else, when its first chunk would join the next
              step, in which this router's prefills queued on d all end, and joined(d) > δ(d),
              that step's predicted duration without it (`PrefillQueue.last_step`), until
-             halfway through that step, t0 + δ(d) / 2; else 0. vLLM fills a step's budget from what waits when the step starts, so a
-             prompt that comes mid-step waits for the next one and its chunk delays none of the
-             prefills ending in that step, nor the streams decoding in it; it then takes one
-             more step, whose fixed time f(d) = κ_q · (s0 + d1 · D + d2 · X / 1000) it pays:
-             TTFT + f(d), joined(d) = 0. Sent up to δ(d) / 2 early or late, it still misses that
-             step, so the bar is δ(d). A P/D prefill is never held: on the Azure trace, held on
-             the prefill pool, P/D TTFT p99 was 1.24x (docs/router.md)
+             halfway through that step, t0 + δ(d) / 2; else 0. vLLM fills a step's budget from
+             what waits when the step starts, so a prompt that comes mid-step waits for the next
+             one and its chunk delays none of the prefills ending in that step, nor the streams
+             decoding in it; it then takes one more step, whose fixed time
+             f(d) = κ_q · (s0 + d1 · D + d2 · X / 1000) it pays: TTFT + f(d), joined(d) = 0.
+             Sent up to δ(d) / 2 early or late, it still misses that step, so the bar is δ(d). A
+             P/D prefill is never held: on the Azure trace, held on the prefill pool, P/D TTFT
+             p99 was 1.24x (docs/router.md)
   waiters(d) = streams(d) + handoffs_due(d): the streams decoding on d, and this router's P/D
              requests to decode on d whose first token has not come (`ledger.py`); a prefilled
              prompt pulled to d joins its waiting queue and is admitted only in a step whose token

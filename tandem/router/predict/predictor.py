@@ -415,10 +415,11 @@ class Ticket:
         engine, else the queue's κ_q: `EngineLedger.pace`), the prefill part, the wait on the
         decode engine and the handoff after a P/D prefill, the hold before it is sent
         (`hold_ms`, hold(d) in `candidate.py`), and the observed wait from the plan to the first
-        upstream request, upstream TTFT, P/D prefill, handoff and TPOT, the clock readings (s) of the placement, the first upstream
-        request and the first byte (a replay's arrivals), and every decode candidate as the pick
-        weighed it (its uncached tokens, TTFT, TPOT, streams, stall, prefill share, P(meet),
-        P(TTFT ≤ T_ttft), cost, KV overflow). Observed figures missing from the request's path are None."""
+        upstream request, upstream TTFT, P/D prefill, handoff and TPOT, the clock readings (s) of
+        the placement, the first upstream request and the first byte (a replay's arrivals), and
+        every decode candidate as the pick weighed it (its uncached tokens, TTFT, TPOT, streams,
+        stall, prefill share, P(meet), P(TTFT ≤ T_ttft), cost, hold, KV overflow). Observed
+        figures missing from the request's path are None."""
         placement = self.placement
         decode, prefill = placement.decode, placement.prefill
         part = prefill if prefill is not None else decode
