@@ -71,6 +71,7 @@ class CompletionProxy:
         self.model_names = {config.served_model_name}
         self._priority_header = config.admission.priority_header.lower()
         self._session_header = config.admission.session_header.lower()
+        self._class_targets: dict[int, SloTarget] = {}  # by priority, for requests without headers
         self._id_prefix = f"tdm-{os.urandom(6).hex()}-"
         self._ids = itertools.count(1)
         self.relay = Relay(self.metrics, self._upstream_failed)
@@ -133,13 +134,16 @@ class CompletionProxy:
         """The request's SLO targets under the `predictive` policy (headers only when trusted)."""
         if self.predictor is None:
             return None
+        classes = self.config.scoring.predictive.slo_classes
         headers = request.headers
-        return slo_target(
-            self.config.scoring.predictive.slo_classes,
-            priority,
-            headers.get(TTFT_HEADER) if trusted else None,
-            headers.get(TPOT_HEADER) if trusted else None,
-        )
+        ttft = headers.get(TTFT_HEADER) if trusted else None
+        tpot = headers.get(TPOT_HEADER) if trusted else None
+        if ttft is not None or tpot is not None:
+            return slo_target(classes, priority, ttft, tpot)
+        target = self._class_targets.get(priority)
+        if target is None:
+            target = self._class_targets[priority] = slo_target(classes, priority)
+        return target
 
     async def _admit(self, call: Call, priority: int, deadline: float) -> bool:
         """Waits for an admission slot; answers 429/503 itself and returns False when refused."""
@@ -337,12 +341,14 @@ class CompletionProxy:
             call.body.get("stream") is True,
             predictive.now,
         )
+        # its share of the ledgers taken when this task first waits: after the upstream write
+        asyncio.get_running_loop().call_soon(predictive.predictor.settle)
         try:
             if placement.hold_s > 0.0:  # a local prefill (candidate.py, hold(d))
                 # its blocks pending on its engine from now, so that what follows it while it is
                 # held is placed as if it had been sent (a burst of one prefix stays together)
                 self.remember(features, plan.decode.engine, None)
-            t_route += await ticket.past_the_shared_step()  # the routing time leaves it out
+                t_route += await ticket.past_the_shared_step()  # the routing time leaves it out
             await self._carry_out(call, features, plan, index_name, t_route)
         finally:
             ticket.finished(call.output_tokens, call.last_event)

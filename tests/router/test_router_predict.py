@@ -809,6 +809,8 @@ def test_ticket_holds_and_gives_back_and_teaches() -> None:
     placement = place([d], [], predictor.ledger, inputs, "auto")
     ledger = predictor.ledger(d)
     ticket = predictor.ticket(placement, 2000, output, keys, target, True, 100.0)
+    assert ledger.queue.tokens == 0  # its share is taken at the next settle, off its way
+    assert predictor.ledger(d) is ledger  # which every reader of a ledger calls first
     assert ledger.queue.tokens == 2000
     assert ledger.claimed_tokens == 2000  # its prompt's KV, needed before its first token
     assert ledger.prefills_open == 1
@@ -1001,7 +1003,9 @@ async def test_a_long_local_prefill_waits_for_the_handoffs_sent_to_its_engine() 
             prompt, 16, {}, output, target, 0.5, 0.3, 1000.0, 1e6, 1000.0, time.monotonic()
         )
         placement = place([d], prefillers, predictor.ledger, inputs, "auto")
-        return predictor.ticket(placement, prompt, output, keys, target, True, inputs.now)
+        ticket = predictor.ticket(placement, prompt, output, keys, target, True, inputs.now)
+        predictor.settle()  # as the proxy once it has sent the request
+        return ticket
 
     ledger = predictor.ledger(d)
 

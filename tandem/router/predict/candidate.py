@@ -96,7 +96,7 @@ from tandem.router.predict.slo import SloTarget, meet_probability
 MAX_SHARE = 0.7
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # per request: a frozen one's __init__ takes ~5x as long
 class PlacementInputs:
     prompt_tokens: int
     block_size: int
@@ -113,7 +113,7 @@ class PlacementInputs:
     reprobe_s: float = 0.0  # an idle engine sent nothing for this long is tried (0: never)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # per request: a frozen one's __init__ takes ~5x as long
 class Work:
     """Prefill work: uncached tokens and their attention pairs."""
 
@@ -154,7 +154,7 @@ class Candidate:
         return DecodeLoad(self.streams, self.context)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # per request: a frozen one's __init__ takes ~5x as long
 class PrefillPick:
     engine: Engine
     ledger: EngineLedger
@@ -169,7 +169,7 @@ class PrefillPick:
     pace: float  # the pace its prefill was predicted at (`prefill_pace`)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # per request: a frozen one's __init__ takes ~5x as long
 class Placement:
     decode: Candidate
     prefill: PrefillPick | None  # set when disaggregated
@@ -300,8 +300,8 @@ def decode_candidate(engine: Engine, ledger: EngineLedger, inputs: PlacementInpu
     prompt = inputs.prompt_tokens
     own = own_work(engine, inputs)
     ahead = ahead_work(engine, inputs)
-    backlog = ledger.backlog_s(inputs.now)
-    open_ahead = ledger.queue.open
+    open_ahead = ledger.queue.open  # with none, no backlog, no hold and no step to join
+    backlog = ledger.backlog_s(inputs.now) if open_ahead else 0.0
     load = decode_load(engine, ledger, inputs)
     streams, context = load.streams, load.context
     output = inputs.output
@@ -323,9 +323,11 @@ def decode_candidate(engine: Engine, ledger: EngineLedger, inputs: PlacementInpu
     if overflows:
         meet = ttft_meet = 0.0
     waiters = streams + ledger.handoffs_due
-    hold, ttft, step_delay = held_step(
-        ledger, load, ttft, joined_step_s(ledger, own, prompt, inputs.now), inputs.now
-    )
+    hold = step_delay = 0.0
+    if open_ahead:
+        hold, ttft, step_delay = held_step(
+            ledger, load, ttft, joined_step_s(ledger, own, prompt, inputs.now), inputs.now
+        )
     return Candidate(
         engine, ledger, own, backlog, open_ahead, ahead, through, ttft, stall, share, tpot, streams,
         waiters,
@@ -367,16 +369,16 @@ def prefill_pick(engine: Engine, ledger: EngineLedger, inputs: PlacementInputs) 
     """The prediction on prefill engine `engine` of a P/D placement: TTFT_p (module docstring)."""
     own = own_work(engine, inputs)
     ahead = ahead_work(engine, inputs)
-    backlog = ledger.backlog_s(inputs.now)
+    open_ahead = ledger.queue.open  # with none, no backlog and no step to join
+    backlog = ledger.backlog_s(inputs.now) if open_ahead else 0.0
     through = through_first_token(ahead, own)
     load = decode_load(engine, ledger, inputs)
     pace = prefill_pace(ledger, backlog, ahead)
     ttft = first_token_s(ledger, backlog, through, load, pace)
-    step_delay = joined_step_s(ledger, own, inputs.prompt_tokens, inputs.now)
+    step_delay = joined_step_s(ledger, own, inputs.prompt_tokens, inputs.now) if open_ahead else 0.0
     return PrefillPick(
-        engine, ledger, own, backlog, ledger.queue.open, ahead, through, load, ttft, step_delay,
-        pace,
-    )  # fmt: skip
+        engine, ledger, own, backlog, open_ahead, ahead, through, load, ttft, step_delay, pace
+    )
 
 
 def kv_overflows(engine: Engine, ledger: EngineLedger, context: float, new_tokens: float) -> bool:

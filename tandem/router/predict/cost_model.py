@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from tandem.router.predict.prefill_queue import StepSeeds
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # per request: a frozen one's __init__ takes ~5x as long
 class DecodeLoad:
     """D streams decoding on an engine and their X context tokens: every step there carries them."""
 

@@ -67,19 +67,25 @@ def meet_bar(candidates: Sequence[Candidate], q: float) -> float:
 
 def _pick(candidates: Sequence[Candidate], first_block_key: int | None, bar: float) -> Candidate:
     chosen: Candidate | None = None
-    chosen_weight = 0.0
     for candidate in candidates:
         if candidate.ttft_meet < bar:
             continue
-        if chosen is not None and candidate.cost > chosen.cost:
-            continue
-        tie_weight = (
-            0.0 if first_block_key is None else weight(first_block_key, candidate.engine.id)
-        )
-        if chosen is None or candidate.cost < chosen.cost or tie_weight > chosen_weight:
-            chosen, chosen_weight = candidate, tie_weight
+        if (
+            chosen is None
+            or candidate.cost < chosen.cost
+            or (candidate.cost == chosen.cost and _wins_tie(candidate, chosen, first_block_key))
+        ):
+            chosen = candidate
     assert chosen is not None
     return chosen
+
+
+def _wins_tie(candidate: Candidate, chosen: Candidate, first_block_key: int | None) -> bool:
+    """Of two candidates of equal cost, whether `candidate` has the higher rendezvous weight of
+    the first block (without one, the first keeps it)."""
+    if first_block_key is None:
+        return False
+    return weight(first_block_key, candidate.engine.id) > weight(first_block_key, chosen.engine.id)
 
 
 def pace_unknown_and_tried(ledger: EngineLedger) -> bool:
@@ -126,6 +132,7 @@ def place(
     disaggregation: "auto" decides by prediction, "always" disaggregates whenever it can, "never"
     (or no prefill engine to use: none healthy, n > 1) stays local.
     """
+
     candidates = [decode_candidate(engine, ledger_of(engine), inputs) for engine in decoders]
     probed = next(
         (c for c in candidates if due_for_probe(c.engine, c.ledger, inputs.now, inputs.reprobe_s)),
@@ -137,13 +144,14 @@ def place(
     q = inputs.meet_threshold
     chosen, prefill, ttft, meet, wait = local, None, local.ttft_s, local.meet, 0.0
     probe = False
-    separate = [c for c in candidates if not c.engine.colocated]
     always = disaggregation == "always"
-    if prefillers and separate and disaggregation != "never" and not local.engine.colocated:
+    # a local pick on an engine of the decode pool: that pool has an engine to hand off to
+    if prefillers and disaggregation != "never" and not local.engine.colocated:
         pick, probe = _best_prefill(prefillers, ledger_of, inputs, trying_allowed=always)
     else:
         pick = None
     if pick is not None:
+        separate = [c for c in candidates if not c.engine.colocated]
         decode, pd_wait, pd_ttft = pd_decode(separate, pick.ttft_s, inputs)
         ledger = decode.ledger
         pd_ttft_meet = meet_probability(pd_ttft, target.ttft_s, ledger.ttft_sigma())

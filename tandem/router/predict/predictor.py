@@ -37,6 +37,12 @@ it: `placement.pace_unknown_and_tried`):
                                part), prefill (P/D prefill), tpot, output_tokens (the median)
                                and output_tokens_mean (the running mean: the baseline)
 
+The `placed` lines are taken at `Predictor.settle`, as of the placement time: the proxy schedules
+it as the ticket is made, so it runs when the request's task first waits, which on a pooled
+connection is once its upstream request is written, off its way to its first token; every reader
+of a ledger (a plan, `Predictor.ledger`, each ticket's methods) settles first, so no plan misses
+a placement.
+
 The TTFT predicted and observed is the upstream part (first upstream request → first byte): the
 router's own queue and scheduling come before it. A non-streaming answer's first byte comes with
 its last, so it teaches only the P/D prefill model.
@@ -63,6 +69,7 @@ from tandem.router.predict.disaggregation import fills_step_budget, handoff_deco
 from tandem.router.predict.ledger import EngineLedger
 from tandem.router.predict.output_length import LengthKeys, LengthPrediction, OutputLengthModel
 from tandem.router.predict.placement import chosen_first
+from tandem.router.predict.prefill_queue import QueuedPrefill
 from tandem.router.predict.slo import SloTarget
 
 log = logging.getLogger(__name__)
@@ -80,6 +87,8 @@ class Predictor:
         self.metrics = metrics
         self.lengths = OutputLengthModel()
         self.ledgers: dict[str, EngineLedger] = {}
+        self._unsettled: list[Ticket] = []  # tickets whose share of the ledgers is not taken yet
+        self._errors: dict[str, Any] = {}  # the error histogram's child of each quantity
         self.mean_uncached_tokens = 512.0
         self.mean_uncached_pairs = 512.0 * 256.0
         self.mean_stream_tokens = 1024.0
@@ -99,6 +108,8 @@ class Predictor:
         )
 
     def ledger(self, engine: Engine) -> EngineLedger:
+        """The engine's ledger, with every ticket's share in it (`settle`)."""
+        self.settle()
         ledger = self.ledgers.get(engine.id)
         if ledger is None:
             config = self.config
@@ -127,25 +138,29 @@ class Predictor:
         streaming: bool,
         now: float,
     ) -> Ticket:
-        work = placement.prefill_work
-        self.mean_uncached_tokens += MEAN_WEIGHT * (work.tokens - self.mean_uncached_tokens)
-        self.mean_uncached_pairs += MEAN_WEIGHT * (work.pairs - self.mean_uncached_pairs)
-        placement.decode.ledger.last_placed = placement.prefill_ledger.last_placed = now
-        placement.decode.ledger.joined(now)
-        if placement.prefill is None:
-            placement.decode.ledger.add_prefill(now, placement.decode.stall_s)
-        else:
-            placement.prefill.ledger.joined(now)
-        return Ticket(self, placement, prompt_tokens, output, keys, target, streaming, now)
+        """The ticket of a request placed at `now`. Its share of the ledgers is taken at the next
+        `settle`, as of `now` (module docstring)."""
+        ticket = Ticket(self, placement, prompt_tokens, output, keys, target, streaming, now)
+        self._unsettled.append(ticket)
+        return ticket
+
+    def settle(self) -> None:
+        """Takes every new ticket's share of the ledgers and the size means, in placement order."""
+        if self._unsettled:
+            tickets, self._unsettled = self._unsettled, []
+            for ticket in tickets:
+                ticket.take_share()
 
     def observe_error(self, quantity: str, predicted: float, observed: float) -> float | None:
         """Records |observed - predicted| / observed; returns ln(observed / predicted), None
         when either is not positive (nothing to learn from)."""
         if observed <= 0.0 or predicted <= 0.0:
             return None
-        self.metrics.child(self.metrics.prediction_error, quantity).observe(
-            abs(observed - predicted) / observed
-        )
+        errors = self._errors.get(quantity)
+        if errors is None:
+            metrics = self.metrics
+            errors = self._errors[quantity] = metrics.child(metrics.prediction_error, quantity)
+        errors.observe(abs(observed - predicted) / observed)
         return math.log(observed / predicted)
 
 
@@ -183,6 +198,7 @@ class Ticket:
 
     __slots__ = (
         "_alone",
+        "_at",
         "_first_byte",
         "_first_engine",
         "_handoff_clean",
@@ -228,16 +244,13 @@ class Ticket:
         self.keys = keys
         self.target = target
         self.streaming = streaming
-        queued_on = placement.prefill_ledger
-        self._queued_on: EngineLedger | None = queued_on
-        self._prefilled_on: EngineLedger | None = queued_on
-        queued_on.prefills_open += 1
-        held = placement.prefill_work
-        self._queued = queued_on.queue_work(now, held.tokens, held.pairs, now + placement.hold_s)
+        self._at = now
+        self._queued_on: EngineLedger | None = None
+        self._prefilled_on: EngineLedger | None = None
+        self._queued: QueuedPrefill | None = None
         self._kv_claim = 0.0
         self._handoff_due = False
         self._pulling = False  # sent to the decode engine, no first byte yet
-        self._claim_decode()
         self._stream_on: EngineLedger | None = None
         self._slack_key = 0.0
         self._stream_tokens = prompt_tokens + output.median * 0.5
@@ -252,11 +265,32 @@ class Ticket:
         self._held_s = 0.0  # the hold it waited out before its first upstream request
         self._placed_at = time.perf_counter()
 
+    def take_share(self) -> None:
+        """Adds the request, as placed at its placement time, to its engines' ledgers (the
+        module docstring's `placed` lines) and to the predictor's size means."""
+        predictor, placement, now = self.predictor, self.placement, self._at
+        work = placement.prefill_work
+        predictor.mean_uncached_tokens += MEAN_WEIGHT * (
+            work.tokens - predictor.mean_uncached_tokens
+        )
+        predictor.mean_uncached_pairs += MEAN_WEIGHT * (work.pairs - predictor.mean_uncached_pairs)
+        decode, queued_on = placement.decode.ledger, placement.prefill_ledger
+        decode.last_placed = queued_on.last_placed = now
+        decode.joined(now)
+        if placement.prefill is None:
+            decode.add_prefill(now, placement.decode.stall_s)
+        else:
+            queued_on.joined(now)
+        self._queued_on = self._prefilled_on = queued_on
+        queued_on.prefills_open += 1
+        self._queued = queued_on.queue_work(now, work.tokens, work.pairs, now + placement.hold_s)
+        self._claim_decode()
+
     def _release_queue(self, *, computed: bool) -> None:
-        queued_on = self._queued_on
-        if queued_on is not None:
-            self._alone = queued_on.queue.last(self._queued)
-            queued_on.work_done(time.monotonic(), self._queued, computed=computed)
+        queued_on, queued = self._queued_on, self._queued
+        if queued_on is not None and queued is not None:
+            self._alone = queued_on.queue.last(queued)
+            queued_on.work_done(time.monotonic(), queued, computed=computed)
             self._queued_on = None
 
     def _claim_decode(self) -> None:
@@ -291,6 +325,7 @@ class Ticket:
         among the `healthy` ones (`disaggregation.handoff_decode`). When that is another engine
         than planned, the plan's decode part, handoff wait and TTFT become that engine's (its
         prefill part as predicted), and what the request holds of the decode engine moves there."""
+        self.predictor.settle()
         placement = self.placement
         prefill = placement.prefill
         if prefill is None:
@@ -356,6 +391,7 @@ class Ticket:
         prefill = self.placement.prefill
         if prefill is None:
             return
+        self.predictor.settle()
         self._release_queue(computed=True)
         if handed_off:
             self._prefill_s = seconds
@@ -375,6 +411,7 @@ class Ticket:
         self, engine: Engine, now: float, upstream_start: float | None, prefill_done: float | None
     ) -> None:
         """The decode engine's first body byte: the prefill is over, a stream starts on `engine`."""
+        self.predictor.settle()
         placement = self.placement
         self._release_queue(
             computed=placement.prefill is None and engine is placement.decode.engine
@@ -395,6 +432,7 @@ class Ticket:
         what was observed teaches the models that predicted it."""
         if log.isEnabledFor(logging.DEBUG):
             log.debug("prediction %s", json.dumps(self.explain(output_tokens, last_event)))
+        self.predictor.settle()
         self._release_queue(computed=False)
         self._release_decode_claim()
         self._close_prefill()
