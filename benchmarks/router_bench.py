@@ -10,7 +10,9 @@ Prints, for each router:
       once: tandem.bench.stats.prompt_hit_rate) and
       max/mean requests per engine.
 Router `tandem-predictive` is Tandem under `--policy predictive` beside `tandem` (its default
-policy) in the same run, so what the predictive policy adds is read from one run.
+policy) in the same run, so what the predictive policy adds is read from one run; a Tandem router
+named KIND@before runs from `--before-tree DIR` (a checkout of the commit before a change) beside
+KIND, a before/after pair in one run.
 Every load loop is bounded in request count and in time. The peers are installed into
 ~/.cache/tandem/peers (outside the repository) when missing.
 
@@ -24,6 +26,8 @@ vllm-router; `--before-tree DIR` adds Tandem from another source tree on one cor
 
     .venv/bin/python benchmarks/router_bench.py [--quick] [--routers tandem,sglang,vllm]
     .venv/bin/python benchmarks/router_bench.py --parts ab --routers tandem,tandem-predictive
+    .venv/bin/python benchmarks/router_bench.py --parts ab \
+        --routers tandem,tandem-predictive,tandem-predictive@before --before-tree DIR
     .venv/bin/python benchmarks/router_bench.py --method nginx --cores 1,2,4 [--before-tree DIR]
 """
 
@@ -43,11 +47,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
 import nginx_wrk
+from router_trace_report import BEFORE, router_kind
 
 from tandem.bench.sampler import flatten
 from tandem.bench.stats import prompt_cache_tokens
@@ -228,10 +234,26 @@ def emulated_pool_flags(engines: list[Proc], kv_events: bool = True) -> list[str
     return flags
 
 
-def start_router(kind: str, engines: list[Proc]) -> Proc:
+def start_router(name: str, engines: list[Proc]) -> Proc:
+    """The router `name` over `engines`: a router kind, or a Tandem kind's KIND@before."""
     port = free_port()
     flags = emulated_pool_flags(engines) + TANDEM_EXTRA_ARGS
-    return Proc(kind, router_argv(kind, port, [e.url for e in engines], flags), port)
+    kind = router_kind(name)
+    argv = router_argv(kind, port, [e.url for e in engines], flags)
+    tree = BEFORE_TREE if name.endswith(BEFORE) and BEFORE_TREE is not None else ROOT
+    return Proc(kind, argv, port, tree=tree)
+
+
+def check_before_tree(names: list[str], tree: Path | None, tandem_kinds: Collection[str]) -> None:
+    """`@before` names only Tandem routers, and only with a `--before-tree` that holds Tandem."""
+    before = [name for name in names if name.endswith(BEFORE)]
+    if not before:
+        return
+    if tree is None or not (tree / "tandem" / "cli.py").is_file():
+        raise SystemExit(f"{before[0]} needs --before-tree DIR, a Tandem source tree")
+    other = [name for name in before if router_kind(name) not in tandem_kinds]
+    if other:
+        raise SystemExit(f"{other[0]}: only a Tandem router runs from --before-tree")
 
 
 def medians(per_round: dict[str, list[dict[str, float]]]) -> dict[str, dict[str, float]]:
@@ -249,6 +271,7 @@ def medians(per_round: dict[str, list[dict[str, float]]]) -> dict[str, dict[str,
 VLLM_POLICY = "cache_aware"
 SGLANG_POLICY = "cache_aware"
 TANDEM_EXTRA_ARGS: list[str] = []
+BEFORE_TREE: Path | None = None  # `--before-tree`: where a KIND@before router runs from
 
 
 # -- load --------------------------------------------------------------------------------------
@@ -501,7 +524,7 @@ async def measure_overhead(
         for kind in kinds:
             routers[kind] = start_router(kind, [engine])
         for kind, router in routers.items():
-            await router.wait_ready(ready_path(kind))
+            await router.wait_ready(ready_path(router_kind(kind)))
         urls = {"direct": engine.url} | {kind: router.url for kind, router in routers.items()}
         for url in urls.values():
             await closed_loop(url, tiny_bodies(200, 1), 8, False, time_limit)  # warm-up
@@ -538,7 +561,7 @@ async def measure_throughput(
         for kind in kinds:
             router = start_router(kind, engines)
             try:
-                await router.wait_ready(ready_path(kind))
+                await router.wait_ready(ready_path(router_kind(kind)))
                 await closed_loop(router.url, tiny_bodies(300, 4), 16, False, time_limit)  # warm-up
                 cpu0 = router.cpu_seconds()
                 run = await closed_loop(router.url, tiny_bodies(n, 5), 64, False, time_limit)
@@ -588,7 +611,7 @@ async def measure_shared_prefix(
                 await reset_caches(engines)
                 router = start_router(kind, engines)
                 try:
-                    await router.wait_ready(ready_path(kind))
+                    await router.wait_ready(ready_path(router_kind(kind)))
                     before = await engine_counters(engines)
                     run = await closed_loop(router.url, bodies, concurrency, True, time_limit)
                     after = await engine_counters(engines)
@@ -868,10 +891,10 @@ def print_report(
     keys = ("c1_p50", "c1_p99", "c64_p50", "c64_p99")
     direct = overhead.get("direct", {})
     header = "".join(f"{k.replace('_', ' '):>19}" for k in keys)
-    print(f"    {'router':<17}{header} {'errors':>6}   c1 p50 added vs {ref}")
+    print(f"    {'router':<25}{header} {'errors':>6}   c1 p50 added vs {ref}")
     if direct:
         cells = "".join(f"{'(' + format(direct[k] * 1e6, '.0f') + ')':>19}" for k in keys)
-        print(f"    {'direct':<17}{cells} {int(direct['errors']):6d}")
+        print(f"    {'direct':<25}{cells} {int(direct['errors']):6d}")
     for kind in kinds:
         row = overhead.get(kind)
         if not row:
@@ -886,16 +909,16 @@ def print_report(
             if ref in overhead
             else float("nan")
         )
-        print(f"    {kind:<17}{cells} {int(row['errors']):6d}   {ratio(added['c1_p50'], base)}")
+        print(f"    {kind:<25}{cells} {int(row['errors']):6d}   {ratio(added['c1_p50'], base)}")
     print("\n(b) throughput per router core (closed loop, concurrency 64, 4 engines)")
     print(
-        f"    {'router':<17} {'req/s':>8} {'cpu s':>7} {'req/s/core':>11} {'errors':>6}   vs {ref}"
+        f"    {'router':<25} {'req/s':>8} {'cpu s':>7} {'req/s/core':>11} {'errors':>6}   vs {ref}"
     )
     for kind in kinds:
         row = throughput.get(kind)
         if row:
             print(
-                f"    {kind:<17} {row['rps']:8.0f} {row['cpu_s']:7.2f} {row['rps_per_core']:11.0f} "
+                f"    {kind:<25} {row['rps']:8.0f} {row['cpu_s']:7.2f} {row['rps_per_core']:11.0f} "
                 f"{int(row['errors']):6d}   {ratio(row['rps_per_core'], throughput.get(ref, {}).get('rps_per_core', 0))}"
             )
     print(
@@ -903,27 +926,29 @@ def print_report(
         "rounds pooled)"
     )
     print(
-        f"    {'router':<17} {'TTFT p50':>9} {'p90':>8} {'p99':>8} {'out tok/s':>10} {'hit rate':>9} "
+        f"    {'router':<25} {'TTFT p50':>9} {'p90':>8} {'p99':>8} {'out tok/s':>10} {'hit rate':>9} "
         f"{'max/mean':>9} {'req':>5} {'err':>4}   TTFT p50 vs {ref}"
     )
     for kind in kinds:
         row = prefix.get(kind)
         if row:
             print(
-                f"    {kind:<17} {row['ttft_p50'] * 1e3:7.0f}ms {row['ttft_p90'] * 1e3:6.0f}ms {row['ttft_p99'] * 1e3:6.0f}ms "
+                f"    {kind:<25} {row['ttft_p50'] * 1e3:7.0f}ms {row['ttft_p90'] * 1e3:6.0f}ms {row['ttft_p99'] * 1e3:6.0f}ms "
                 f"{row['out_tok_s']:10.0f} {row['hit_rate']:9.1%} {row['max_mean_load']:9.2f} {int(row['requests']):5d} "
                 f"{int(row['errors']):4d}   {ratio(row['ttft_p50'], prefix.get(ref, {}).get('ttft_p50', 0))}"
             )
 
 
 async def main_async(args: argparse.Namespace) -> int:
-    global VLLM_POLICY
+    global VLLM_POLICY, BEFORE_TREE
     TANDEM_EXTRA_ARGS.extend(args.tandem_args.split())
     kinds = [k.strip() for k in args.routers.split(",") if k.strip()]
-    if any(k not in TANDEM_POLICIES for k in kinds):
+    if any(router_kind(k) not in TANDEM_POLICIES for k in kinds):
         ensure_peers()
     if args.method == "nginx":
         return await main_nginx(args, kinds)
+    check_before_tree(kinds, args.before_tree, TANDEM_POLICIES)
+    BEFORE_TREE = args.before_tree
     if "vllm" in kinds:
         VLLM_POLICY = await check_vllm_policy()
         if VLLM_POLICY != "cache_aware":
@@ -1008,10 +1033,11 @@ def main(argv: list[str] | None = None) -> int:
     nginx.add_argument("--backends", type=int, default=4, help="nginx engines")
     nginx.add_argument("--seconds", type=float, default=5.0, help="seconds per wrk run")
     nginx.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
-    nginx.add_argument(
+    parser.add_argument(
         "--before-tree",
         type=lambda path: Path(path).resolve(),
-        help="also run Tandem from this source tree on one core (tandem-before)",
+        help="another Tandem source tree: a router named KIND@before (a Tandem KIND) runs from it;"
+        " with nginx, Tandem also runs from it on one core (tandem-before)",
     )
     args = parser.parse_args(argv)
     try:

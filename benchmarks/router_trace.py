@@ -70,6 +70,7 @@ from router_bench import (
     ROOT,
     Proc,
     cache_delta,
+    check_before_tree,
     emulated_pool_flags,
     engine_counters,
     ensure_peers,
@@ -373,18 +374,6 @@ async def metrics_text(url: str) -> str:
         return await response.text()
 
 
-def check_before_tree(names: list[str], tree: Path | None) -> None:
-    """`@before` names only Tandem routers, and only with a `--before-tree` that holds Tandem."""
-    before = [name for name in names if name.endswith(BEFORE)]
-    if not before:
-        return
-    if tree is None or not (tree / "tandem" / "cli.py").is_file():
-        raise SystemExit(f"{before[0]} needs --before-tree DIR, a Tandem source tree")
-    other = [name for name in before if router_kind(name) not in TANDEM_ROUTERS]
-    if other:
-        raise SystemExit(f"{other[0]}: only a Tandem router runs from --before-tree")
-
-
 def check_llmd_binaries(epp: Path | None, envoy: Path | None) -> None:
     """Before any router runs: llm-d's row needs both binaries, and a run that found one missing
     only when its turn came would lose every row measured before it."""
@@ -405,7 +394,7 @@ async def main_async(args: argparse.Namespace) -> int:
     unknown = sorted(set(kinds) - set(ROUTERS))
     if unknown:
         raise SystemExit(f"unknown routers {unknown}; choose from {', '.join(ROUTERS)}")
-    check_before_tree(names, args.before_tree)
+    check_before_tree(names, args.before_tree, TANDEM_ROUTERS)
     if args.prefill_engines is not None and not 0 < args.prefill_engines < args.engines:
         raise SystemExit(f"--prefill-engines must leave a decode engine of {args.engines}")
     if "llmd" in kinds:
