@@ -797,6 +797,46 @@ def test_plan_keeps_a_session_on_its_engine_and_n_above_one_local() -> None:
     assert not many.prefill_ranking
 
 
+def test_a_plan_sees_every_placement_before_it_settled_or_not() -> None:
+    """A ticket's share of the ledgers waits for `settle` (the proxy runs it once the request is
+    sent), but the next plan settles first: the request placed just before it is in its
+    engine's queue, and its size in the means the plan reads."""
+    cfg = config()
+    predictor = Predictor(cfg.scoring.predictive, RouterMetrics())
+    d = engine("d", "decode")
+    ledger = predictor.ledger(d)
+    planned = plan_route(plan_inputs([d], predictive_inputs(predictor)), cfg)
+    assert planned is not None
+    assert planned.placement is not None
+    assert planned.placement.decode.backlog_s == 0.0
+    keys = length_keys(False, 100, 2000, None)
+    output = predictor.lengths.predict(keys, 100)
+    target = SloTarget(0.2, 0.05, False)
+    predictor.ticket(planned.placement, 2000, output, keys, target, True, 100.0)
+    assert not ledger.queue.open  # not yet taken
+    assert predictor.mean_uncached_tokens == 512.0
+    again = plan_route(plan_inputs([d], predictive_inputs(predictor)), cfg)
+    assert again is not None
+    assert again.placement is not None
+    assert ledger.queue.open == 1
+    assert again.placement.decode.backlog_s > 0.0  # behind the first one's 2,000 tokens
+    assert predictor.mean_uncached_tokens > 512.0
+
+
+def plan_inputs(decoders: list[Engine], predictive: PredictiveInputs) -> RouteInputs:
+    return RouteInputs(
+        prompt_tokens=2000,
+        total_blocks=125,
+        n=1,
+        decoders=decoders,
+        prefillers=[],
+        any_prefill_configured=False,
+        hits={},
+        cached_blocks={},
+        predictive=predictive,
+    )
+
+
 def test_ticket_holds_and_gives_back_and_teaches() -> None:
     cfg = config()
     metrics = RouterMetrics()

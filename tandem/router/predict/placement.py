@@ -132,7 +132,6 @@ def place(
     disaggregation: "auto" decides by prediction, "always" disaggregates whenever it can, "never"
     (or no prefill engine to use: none healthy, n > 1) stays local.
     """
-
     candidates = [decode_candidate(engine, ledger_of(engine), inputs) for engine in decoders]
     probed = next(
         (c for c in candidates if due_for_probe(c.engine, c.ledger, inputs.now, inputs.reprobe_s)),
