@@ -479,7 +479,9 @@ class Router(TandemProcess):
         already stores nothing, or only on the decode engine: seen with a repeated prompt in
         test_render). The engine core hands a step's events to its publisher before the step's
         outputs, so once the request is answered its batches are published or about to be;
-        what the router has not received yet is waited for, however long it lags."""
+        what the router has not received yet is waited for, however long it lags. A look at both
+        sides has taken 89 s on a starved machine (CI): the wait ends at the timeout only after
+        two looks, as a spell of quiet needs two to be seen."""
         static = self.config.static
         endpoints = {
             e.url: e.kv_events_replay
@@ -489,14 +491,18 @@ class Router(TandemProcess):
         deadline = start + timeout_s
         last: dict[str, int] = {}
         since = start
-        # (seconds into the wait, the router's, the engines') at every change of either: a
-        # timeout shows which side moved when
-        timeline: list[tuple[float, dict[str, int], dict[str, int]]] = []
-        while time.monotonic() < deadline:
+        # (seconds into the wait, seconds the look took, the router's, the engines') at every
+        # change of either: a timeout shows which side moved when, and which look was slow
+        timeline: list[tuple[float, float, dict[str, int], dict[str, int]]] = []
+        looks = 0
+        while time.monotonic() < deadline or looks < 2:
+            looked_at = time.monotonic()
             seen = self.kv_seqs()
             published = {url: self._published(url, endpoints, seen, last) for url in seen}
-            if not timeline or timeline[-1][1:] != (seen, published):
-                timeline.append((round(time.monotonic() - start, 2), seen, published))
+            looks += 1
+            took = round(time.monotonic() - looked_at, 2)
+            if not timeline or timeline[-1][2:] != (seen, published):
+                timeline.append((round(time.monotonic() - start, 2), took, seen, published))
             if published != last:
                 last, since = published, time.monotonic()
             caught_up = all(seen[url] >= seq for url, seq in published.items())
@@ -508,7 +514,8 @@ class Router(TandemProcess):
         probes = {url: replay_probe(endpoint) for url, endpoint in endpoints.items()}
         raise TimeoutError(
             f"KV events did not settle: before {before}, published {last}, router's "
-            f"{self.kv_seqs()}; (s, router's, published) at each change: {timeline[-20:]}; "
+            f"{self.kv_seqs()} after {looks} looks; (s, look's s, router's, published) at each "
+            f"change: {timeline[-20:]}; "
             f"the engines' replay endpoints asked directly: {probes}; "
             f"router's view: {self.engines()}; router log:\n{self.output()}"
         )
