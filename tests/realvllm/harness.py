@@ -160,6 +160,20 @@ def stop_core_while_running(
     return False
 
 
+def until(ready: Callable[[], bool], timeout_s: float, interval_s: float) -> bool:
+    """Whether `ready()` holds within `timeout_s`, asked every `interval_s`, and at least twice
+    before the answer is no: one look at a starved router has taken longer than a whole wait
+    (89 s, CI), and a look that began before the time was up says nothing of the time after."""
+    deadline = time.monotonic() + timeout_s
+    looks = 0
+    while not ready():
+        looks += 1
+        if looks >= 2 and time.monotonic() >= deadline:
+            return False
+        time.sleep(interval_s)
+    return True
+
+
 def prefill_directly(engine: EngineProcess, prompt: str) -> dict[str, Any]:
     """A prefill engine's answer to a `do_remote_decode` request of `prompt` (as the router sends
     it): the `kv_transfer_params` a decode engine pulls with."""
@@ -321,14 +335,15 @@ class EngineProcess:
         return None
 
     def wait_healthy(self, timeout_s: float = STARTUP_S) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        def healthy() -> bool:
             if not self.alive():
                 raise RuntimeError(f"{self.spec.name} exited while starting:\n{self.startup_log()}")
-            if self.healthy():
-                return
-            time.sleep(0.5)
-        raise TimeoutError(f"{self.spec.name} not healthy in {timeout_s} s:\n{self.startup_log()}")
+            return self.healthy()
+
+        if not until(healthy, timeout_s, 0.5):
+            raise TimeoutError(
+                f"{self.spec.name} not healthy in {timeout_s} s:\n{self.startup_log()}"
+            )
 
     def startup_log(self) -> str:
         """This start's first error and last lines (an engine restarted appends to its log)."""
@@ -434,16 +449,16 @@ class Router(TandemProcess):
         next may start seconds later, and a test of several processes needs them all."""
         processes = self.config.processes
         every = {str(i) for i in range(processes)}
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if all(
+
+        def seen() -> bool:
+            return all(
                 e["healthy"] and (processes == 1 or set(e["processes"]) == every)
                 for e in self.engines()
                 if e["url"] not in dead
-            ):
-                return
-            time.sleep(0.2)
-        raise TimeoutError(f"router does not see every engine healthy: {self.engines()}")
+            )
+
+        if not until(seen, timeout_s, 0.2):
+            raise TimeoutError(f"router does not see every engine healthy: {self.engines()}")
 
     def kv_seqs(self) -> dict[str, int]:
         """The last KV-event sequence number seen of each engine (of a router of several

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from harness import (
     measure,
     plan_tiny_cluster,
     stop_core_while_running,
+    until,
 )
 from lora_adapter import make_adapter
 
@@ -79,11 +79,9 @@ def lora_pd(
 @pytest.fixture(scope="module")
 def router(lora_pd: PDCluster) -> Router:
     router = lora_pd.router("lora-router")
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:  # the adapters come from each engine's /v1/models
-        if all(e["adapters"] for e in router.engines()):
-            return router
-        time.sleep(0.2)
+    # the adapters come from each engine's /v1/models
+    if until(lambda: all(e["adapters"] for e in router.engines()), 30, 0.2):
+        return router
     raise TimeoutError(f"the router never read the engines' adapters: {router.engines()}")
 
 
@@ -235,12 +233,15 @@ def test_the_router_reads_the_adapter_slots_vllm_reports(
         assert stop_core_while_running(engine, 1, ready=lambda: True, ended=done.is_set)
         try:
             slots = parse_lora_slots(httpx.get(f"{engine.url}/metrics", timeout=10).content)
-            deadline = time.monotonic() + 30
-            while seen_router is None and time.monotonic() < deadline:
+
+            def router_sees_it() -> bool:
+                nonlocal seen_router
                 view = next(e for e in router.engines() if e["url"] == engine.url)
                 if view["lora"] and "ad1" in view["lora"]["running"]:
                     seen_router = view["lora"]
-                time.sleep(0.1)
+                return seen_router is not None
+
+            until(router_sees_it, 30, 0.1)
         finally:
             engine.resume_core()
     finally:

@@ -5,13 +5,12 @@ real NIXL), and each first token it predicted set beside the one observed
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from harness import PDCluster, Router, metrics_of, stream_completion
+from harness import PDCluster, Router, metrics_of, stream_completion, until
 
 from tandem.common.routing import ScoringConfig
 from tandem.router.engine_metrics import parse_engine_load
@@ -55,12 +54,14 @@ def settled_metrics(
     """The router's metrics once all 12 requests have been scored: a request's prediction is
     scored as it ends, just after its last bytes reached the client."""
     name = "tandem_router_prediction_error_ratio_count{quantity=ttft}"
-    deadline = time.monotonic() + timeout_s
-    while True:
-        after = metrics_of(url)
-        if changed(before, after, name) >= 12 or time.monotonic() > deadline:
-            return after
-        time.sleep(0.1)
+    seen: dict[str, float] = {}
+
+    def scored() -> bool:
+        seen.update(metrics_of(url))
+        return changed(before, seen, name) >= 12
+
+    until(scored, timeout_s, 0.1)
+    return seen
 
 
 def test_predictive_places_hands_off_and_scores_its_predictions(
