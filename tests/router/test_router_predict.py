@@ -771,18 +771,7 @@ def test_plan_keeps_a_session_on_its_engine_and_n_above_one_local() -> None:
         behind(predictor.ledger(e), 8000)
 
     def inputs(n: int, session: str | None = None) -> RouteInputs:
-        return RouteInputs(
-            prompt_tokens=2000,
-            total_blocks=125,
-            n=n,
-            decoders=[d1, d2],
-            prefillers=[p],
-            any_prefill_configured=True,
-            hits={},
-            cached_blocks={},
-            session=session,
-            predictive=predictive_inputs(predictor),
-        )
+        return plan_inputs([d1, d2], predictive_inputs(predictor), [p], n, session)
 
     session = plan_route(inputs(1, "alice"), cfg)
     again = plan_route(inputs(1, "alice"), cfg)
@@ -823,16 +812,24 @@ def test_a_plan_sees_every_placement_before_it_settled_or_not() -> None:
     assert predictor.mean_uncached_tokens > 512.0
 
 
-def plan_inputs(decoders: list[Engine], predictive: PredictiveInputs) -> RouteInputs:
+def plan_inputs(
+    decoders: list[Engine],
+    predictive: PredictiveInputs,
+    prefillers: list[Engine] | None = None,
+    n: int = 1,
+    session: str | None = None,
+) -> RouteInputs:
+    """A request of 2,000 tokens (125 blocks), nothing cached, for `plan_route`."""
     return RouteInputs(
         prompt_tokens=2000,
         total_blocks=125,
-        n=1,
+        n=n,
         decoders=decoders,
-        prefillers=[],
-        any_prefill_configured=False,
+        prefillers=prefillers or [],
+        any_prefill_configured=bool(prefillers),
         hits={},
         cached_blocks={},
+        session=session,
         predictive=predictive,
     )
 
