@@ -494,23 +494,23 @@ class Router(TandemProcess):
         already stores nothing, or only on the decode engine: seen with a repeated prompt in
         test_render). The engine core hands a step's events to its publisher before the step's
         outputs, so once the request is answered its batches are published or about to be;
-        what the router has not received yet is waited for, however long it lags. A look at both
-        sides has taken 89 s on a starved machine (CI): the wait ends at the timeout only after
-        two looks, as a spell of quiet needs two to be seen."""
+        what the router has not received yet is waited for, however long it lags. A spell of
+        quiet needs two looks to be seen, which `until` asks for."""
         static = self.config.static
         endpoints = {
             e.url: e.kv_events_replay
             for e in ([*static.prefill, *static.decode, *static.workers] if static else [])
         }
         start = time.monotonic()
-        deadline = start + timeout_s
         last: dict[str, int] = {}
         since = start
         # (seconds into the wait, seconds the look took, the router's, the engines') at every
         # change of either: a timeout shows which side moved when, and which look was slow
         timeline: list[tuple[float, float, dict[str, int], dict[str, int]]] = []
         looks = 0
-        while time.monotonic() < deadline or looks < 2:
+
+        def settled() -> bool:
+            nonlocal last, since, looks
             looked_at = time.monotonic()
             seen = self.kv_seqs()
             published = {url: self._published(url, endpoints, seen, last) for url in seen}
@@ -523,9 +523,10 @@ class Router(TandemProcess):
             caught_up = all(seen[url] >= seq for url, seq in published.items())
             still = time.monotonic() - since
             moved = all(seq > before.get(url, -1) for url, seq in published.items())
-            if caught_up and ((moved and still > 0.5) or still > 2.0):
-                return
-            time.sleep(0.1)
+            return caught_up and ((moved and still > 0.5) or still > 2.0)
+
+        if until(settled, timeout_s, 0.1):
+            return
         probes = {url: replay_probe(endpoint) for url, endpoint in endpoints.items()}
         raise TimeoutError(
             f"KV events did not settle: before {before}, published {last}, router's "
