@@ -239,6 +239,21 @@ def test_the_pace_of_an_engine_that_fills_its_steps_in_order_is_its_true_pace(ra
     assert q.pace == pytest.approx(2.0, rel=0.02)
 
 
+def test_a_step_planned_again_with_less_budget_computes_only_what_the_new_plan_takes() -> None:
+    """Two prefills share the step after the decode step in flight; before it starts, a third comes
+    with so many more streams that the budget holds only part of the first: the second is not in
+    that step any more, and its end computes nothing of it."""
+    seeds = StepSeeds(s0=0.005, s1=0.025, s2=0.0, d1=1e-4, d2=0.0, chunk_tokens=100)
+    q = PrefillQueue(seeds, lambda: 1.0)
+    first = q.add(0.0, 60, 0.0, 1, 0.0)
+    second = q.add(0.0001, 30, 0.0, 1, 0.0)  # 60 + 30 of a budget of 99: one step for both
+    assert q.step_start > 0.0001
+    q.add(0.0002, 10, 0.0, 80, 0.0)  # 80 streams leave 20 tokens: the first's chunk alone
+    q.advance(q.step_end, 80, 0.0)
+    assert (first.left, second.left) == (40.0, 30.0)
+    assert second.done_at == 0.0
+
+
 def test_a_prefill_held_past_the_next_step_is_planned_after_it() -> None:
     """A long prompt's step in flight, a short one placed after it started (its step is next):
     a prompt held to halfway through that step misses it, and is computed in the one after."""

@@ -243,19 +243,19 @@ class PrefillQueue:
         budget = seeds.budget(streams)
         tokens = pairs = 0.0
         for entry in self.entries:
-            if budget <= 0.0:
-                break
-            if entry.left <= 0.0:
-                continue
-            if entry.placed > self.step_start:  # held: neither it nor anything behind it is there
-                if tokens <= 0.0:
-                    return max(entry.placed - self.step_start, 0.0)
-                break
-            take = min(entry.left, budget)
+            take = 0.0
+            if budget > 0.0 and entry.left > 0.0:
+                if entry.placed > self.step_start:  # held: neither it nor anything behind it
+                    if tokens <= 0.0:
+                        return max(entry.placed - self.step_start, 0.0)
+                    budget = 0.0
+                else:
+                    take = min(entry.left, budget)
+                    pairs += entry.pairs(take, entry.tokens - entry.left)
+                    tokens += take
+                    budget -= take
+            # a step planned again before it starts may reach fewer entries than the plan before
             entry.in_step = take
-            pairs += entry.pairs(take, entry.tokens - entry.left)
-            tokens += take
-            budget -= take
         seed = seeds.fixed(streams, context) + seeds.work(tokens, pairs)
         return self.pace * seed
 
