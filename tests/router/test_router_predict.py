@@ -24,12 +24,13 @@ from tandem.router.predict.candidate import (
     decode_candidate,
     handoff_wait_s,
     kv_overflows,
+    queue_delay_s,
     slowed_by_prefills,
     stream_slack_s,
     through_first_token,
 )
 from tandem.router.predict.cost_model import IDLE, DecodeLoad, EngineCosts, OnlineLinear
-from tandem.router.predict.disaggregation import handoff_decode, queue_delay_s
+from tandem.router.predict.disaggregation import handoff_decode
 from tandem.router.predict.ledger import EngineLedger
 from tandem.router.predict.output_length import (
     LengthPrediction,
@@ -661,6 +662,30 @@ def test_pick_prefers_the_cached_engine_and_the_idle_one() -> None:
     behind(ledger_of(a), 12000)  # a is far behind: b meets the target, a does not
     placement = place([a, b], [], ledger_of, inputs_for(2000, hits=hits), "auto")
     assert placement.decode.engine is b
+
+
+def test_the_pick_counts_what_uncached_work_delays_the_requests_that_queue_behind_it() -> None:
+    """An idle engine would reach the first token sooner than the cached one behind its queue,
+    but its whole prompt to compute delays every request that joins its queue meanwhile; the
+    cached engine's wait delays no one, and its short prefill delays them little."""
+    _, ledger_of = ledger_table()
+    cached, idle = engine("cached", "both"), engine("idle", "both")
+    hits = {cached.id: 100}  # 1,600 of 2,000 tokens cached
+    behind(ledger_of(cached), 2000)  # 55 ms of prefill queued there
+    inputs = inputs_for(2000, hits=hits)
+    placement = place([cached, idle], [], ledger_of, inputs, "auto")
+    by_engine = {c.engine: c for c in placement.candidates}
+    assert by_engine[idle].ttft_s < by_engine[cached].ttft_s  # 55 ms against 70 ms
+    assert placement.decode.engine is idle  # nothing joins either queue: nobody to delay
+    for e in (cached, idle):  # twenty requests a second join each engine's queue
+        for i in range(20):
+            ledger_of(e).joined(99.0 + i * 0.05)
+    rate = ledger_of(idle).arrival_rate(100.0)
+    placement = place([cached, idle], [], ledger_of, inputs, "auto")
+    by_engine = {c.engine: c for c in placement.candidates}
+    assert by_engine[idle].queued_s == pytest.approx(rate * 0.05 * 0.05)  # its 50 ms prefill
+    assert by_engine[cached].queued_s == pytest.approx(rate * (0.055 + 0.01) * 0.01)
+    assert placement.decode.engine is cached
 
 
 def test_every_candidate_likely_to_meet_its_ttft_is_weighed_by_cost() -> None:

@@ -52,9 +52,14 @@ its targets (T_ttft, T_tpot, `slo.py`) and block size B, with each engine's lear
   P(meet)  = Φ(ln(T_ttft / TTFT) / sigma_ttft) · Φ(ln(T_tpot / TPOT) / sigma_tpot)    (0 when d's KV is
              predicted to overflow: kv_usage(d) · (context(d) + its streams' remaining output +
              P + L90) / context(d) > 1, a preemption ahead)
-  cost     = TTFT + L · TPOT + waiters(d) · stall + joined(d)  (its predicted end-to-end time plus
-             the delay its prefill adds to every stream decoding there and every handoff on its
-             way there, and to this router's prefills that end in the step it joins)
+  cost     = TTFT + L · TPOT + waiters(d) · stall + joined(d) + queued(d, stall)  (its predicted
+             end-to-end time plus the delay its prefill adds to every stream decoding there and
+             every handoff on its way there, to this router's prefills that end in the step it
+             joins, and to the requests that will queue behind it: uncached work delays them, a
+             cache hit's wait delays no one)
+  queued(e, s) = arrivals(e) · (backlog(e) + s) · s: a prefill of s seconds placed on e delays by
+             s each request that joins e's queue before it drains (arrivals: the requests per
+             second that joined e's queue lately, prefills and handoffs, `ledger.py`)
   joined(e) = n · κ · (s1 · m / 1000 + s2 · m · (P - u + m / 2) / 10⁶), m = min(u, room): the n
              prefills whose last chunk is in the step its first chunk joins on e, and the room
              they leave in its budget (`prefill_queue.py`, sharers); 0 when it starts a step of
@@ -139,6 +144,7 @@ class Candidate:
     streams: float
     waiters: float  # streams + handoffs due: what its prefill delays (module docstring)
     step_delay_s: float  # joined(d): its delay to the prefills ending in the step it joins
+    queued_s: float  # queued(d, stall): its delay to the requests that will queue behind it
     context: float
     meet: float
     ttft_meet: float  # P(TTFT ≤ T_ttft), the factor of P(meet) the pick ranks by (0 on overflow)
@@ -294,6 +300,11 @@ def joined_step_s(ledger: EngineLedger, own: Work, prompt_tokens: int, now: floa
     return sharing * ledger.costs.prefill_compute_s(chunk, chunk * (cached + chunk * 0.5))
 
 
+def queue_delay_s(ledger: EngineLedger, backlog_s: float, compute_s: float, now: float) -> float:
+    """queued(e, s) = arrivals(e) · (backlog(e) + s) · s (module docstring)."""
+    return ledger.arrival_rate(now) * (backlog_s + compute_s) * compute_s
+
+
 def decode_candidate(engine: Engine, ledger: EngineLedger, inputs: PlacementInputs) -> Candidate:
     """The local prediction on decode engine `engine` (module docstring)."""
     costs = ledger.costs
@@ -323,6 +334,7 @@ def decode_candidate(engine: Engine, ledger: EngineLedger, inputs: PlacementInpu
     if overflows:
         meet = ttft_meet = 0.0
     waiters = streams + ledger.handoffs_due
+    queued = queue_delay_s(ledger, backlog, stall, inputs.now)
     hold = step_delay = 0.0
     if open_ahead:
         hold, ttft, step_delay = held_step(
@@ -332,10 +344,11 @@ def decode_candidate(engine: Engine, ledger: EngineLedger, inputs: PlacementInpu
         engine, ledger, own, backlog, open_ahead, ahead, through, ttft, stall, share, tpot, streams,
         waiters,
         step_delay,
+        queued,
         context,
         meet,
         ttft_meet,
-        ttft + output.median * tpot + waiters * stall + step_delay,
+        ttft + output.median * tpot + waiters * stall + step_delay + queued,
         overflows,
         kv_wait,
         pace,

@@ -14,9 +14,7 @@ and the decode engine its handoff goes to, in the terms of `candidate.py`.
                   engine's undisturbed step when it starts) and every prefill placed on d while
                   it runs takes its predicted stall from it, so local prefill is refused once the
                   prefills a stream has met and this one together would take it past its target
-    queued(e, s) = arrivals(e) · (backlog(e) + s) · s: a prefill of s seconds placed on e delays
-                  by s each request that joins e's queue before it drains (arrivals: the requests
-                  per second that joined e's queue lately, prefills and handoffs, `ledger.py`)
+    queued(e, s) = as in the local cost (`candidate.py`), for the prefill engine p with s_p
     missed(d)   = the handoffs due on d, still prefilling elsewhere and predicted to meet their
                   TTFT target, whose deadline (placed + T_ttft) comes before t + TTFT_local; 0
                   when the request's uncached tokens on d are fewer than the chunk size C (its
@@ -58,6 +56,7 @@ from tandem.router.predict.candidate import (
     PrefillPick,
     decode_candidate,
     handoff_wait_s,
+    queue_delay_s,
 )
 from tandem.router.predict.ledger import EngineLedger
 
@@ -108,12 +107,6 @@ def handoff_decode(
     return pd_decode(fresh, 0.0, inputs)
 
 
-def queue_delay_s(ledger: EngineLedger, backlog_s: float, compute_s: float, now: float) -> float:
-    """arrivals(e) · (backlog(e) + s) · s: what a prefill of s seconds placed on e delays the
-    requests that join e's queue behind it before the queue drains (module docstring)."""
-    return ledger.arrival_rate(now) * (backlog_s + compute_s) * compute_s
-
-
 def disaggregate(
     local: Candidate,
     pick: PrefillPick,
@@ -124,11 +117,7 @@ def disaggregate(
     """The P/D decision of mode auto (module docstring)."""
     q = inputs.meet_threshold
     now = inputs.now
-    local_delay = (
-        local.waiters * local.stall_s
-        + local.step_delay_s
-        + queue_delay_s(local.ledger, local.backlog_s, local.stall_s, now)
-    )
+    local_delay = local.waiters * local.stall_s + local.step_delay_s + local.queued_s
     pd_compute = pick.ledger.costs.prefill_compute_s(pick.own.tokens, pick.own.pairs)
     pd_delay = pick.step_delay_s + queue_delay_s(pick.ledger, pick.backlog_s, pd_compute, now)
     if pd_ttft + pd_delay <= local.ttft_s + local_delay and (

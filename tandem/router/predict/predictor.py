@@ -479,6 +479,7 @@ class Ticket:
                     "streams": c.streams,
                     "waiters": c.waiters,
                     "stall_ms": ms(c.stall_s),
+                    "queued_ms": ms(c.queued_s),
                     "share": round(c.share, 3),
                     "meet": round(c.meet, 3),
                     "ttft_meet": round(c.ttft_meet, 3),
