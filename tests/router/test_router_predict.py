@@ -37,7 +37,12 @@ from tandem.router.predict.output_length import (
     OutputLengthModel,
     length_keys,
 )
-from tandem.router.predict.placement import due_for_probe, place, retry_after_s
+from tandem.router.predict.placement import (
+    CACHE_TTFT_RATIO,
+    due_for_probe,
+    place,
+    retry_after_s,
+)
 from tandem.router.predict.predictor import MAX_HOLD_S, MIN_TPOT_TOKENS, Predictor, Ticket
 from tandem.router.predict.prefill_queue import PrefillQueue, QueuedPrefill
 from tandem.router.predict.slo import SloTarget, meet_probability, slo_class, slo_target
@@ -671,21 +676,51 @@ def test_the_pick_counts_what_uncached_work_delays_the_requests_that_queue_behin
     _, ledger_of = ledger_table()
     cached, idle = engine("cached", "both"), engine("idle", "both")
     hits = {cached.id: 100}  # 1,600 of 2,000 tokens cached
-    behind(ledger_of(cached), 2000)  # 55 ms of prefill queued there
+    behind(ledger_of(cached), 3000)  # 80 ms of prefill queued there
     inputs = inputs_for(2000, hits=hits)
     placement = place([cached, idle], [], ledger_of, inputs, "auto")
     by_engine = {c.engine: c for c in placement.candidates}
-    assert by_engine[idle].ttft_s < by_engine[cached].ttft_s  # 55 ms against 70 ms
+    assert by_engine[cached].backlog_s == pytest.approx(0.08)
+    # 95 ms against 55 ms: further off than the cached rule's 1.5x
+    assert by_engine[cached].ttft_s > CACHE_TTFT_RATIO * by_engine[idle].ttft_s
     assert placement.decode.engine is idle  # nothing joins either queue: nobody to delay
-    for e in (cached, idle):  # twenty requests a second join each engine's queue
-        for i in range(20):
-            ledger_of(e).joined(99.0 + i * 0.05)
+    for e in (cached, idle):  # sixty requests a second join each engine's queue
+        for i in range(60):
+            ledger_of(e).joined(99.0 + i / 60)
     rate = ledger_of(idle).arrival_rate(100.0)
     placement = place([cached, idle], [], ledger_of, inputs, "auto")
     by_engine = {c.engine: c for c in placement.candidates}
     assert by_engine[idle].queued_s == pytest.approx(rate * 0.05 * 0.05)  # its 50 ms prefill
-    assert by_engine[cached].queued_s == pytest.approx(rate * (0.055 + 0.01) * 0.01)
+    assert by_engine[cached].queued_s == pytest.approx(rate * (0.08 + 0.01) * 0.01)
+    assert by_engine[cached].cost < by_engine[idle].cost
     assert placement.decode.engine is cached
+
+
+def test_a_cached_candidate_close_enough_in_ttft_is_taken_over_a_cheaper_one() -> None:
+    """TTFTs within 1.5x of each other are within the predictions' error, the compute a hit
+    saves is not: the candidate holding more of the prompt is taken over the cheapest one while
+    it is predicted within CACHE_TTFT_RATIO of its TTFT and likely to meet its target."""
+    _, ledger_of = ledger_table()
+    cached, idle, other = engine("cached", "both"), engine("idle", "both"), engine("o", "both")
+    hits = {cached.id: 100, other.id: 50}  # 1,600 and 800 of 2,000 tokens cached
+    behind(ledger_of(cached), 2000)  # 55 ms of prefill queued there
+    behind(ledger_of(other), 3000)
+    inputs = inputs_for(2000, hits=hits)
+    placement = place([idle, other, cached], [], ledger_of, inputs, "auto")
+    by_engine = {c.engine: c for c in placement.candidates}
+    assert by_engine[idle].cost < by_engine[cached].cost  # the cost alone picks the idle one
+    # 70 ms against 55 ms
+    assert by_engine[cached].ttft_s < CACHE_TTFT_RATIO * by_engine[idle].ttft_s
+    assert placement.decode.engine is cached
+    assert placement.ranking == [cached, idle, other]
+    behind(ledger_of(cached), 1000)  # 97.5 ms now: too far off, the cheapest is taken
+    assert place([idle, other, cached], [], ledger_of, inputs, "auto").decode.engine is idle
+    tight = inputs_for(2000, ttft_ms=60, hits=hits)  # unlikely to meet 60 ms: not over the bar
+    _, ledger_of = ledger_table()
+    behind(ledger_of(cached), 2000)
+    placement = place([idle, cached], [], ledger_of, tight, "auto")
+    assert {c.engine: c for c in placement.candidates}[cached].ttft_meet < placement.meet_bar
+    assert placement.decode.engine is idle
 
 
 def test_every_candidate_likely_to_meet_its_ttft_is_weighed_by_cost() -> None:

@@ -6,7 +6,13 @@ P/D by prediction (`disaggregation.py`), probes and shedding. In the terms of `c
              every replica shares; q = `meetProbability`): every candidate likely to meet the
              TTFT target counts as meeting it and the cost decides among them (a cache hit
              lowers its TTFT and its stall); the TTFT probability ranks candidates only where
-             none is likely to meet, the most likely first. P(meet)'s TPOT factor ranks none:
+             none is likely to meet, the most likely first.
+  cached   = of the candidates over the same bar whose TTFT ≤ r · TTFT(pick) (r =
+             CACHE_TTFT_RATIO, 1.5), the one with the fewest uncached tokens (ties to the lower
+             cost); the pick itself unless one holds more of the prompt. The costs are
+             predictions whose TTFT is off by 20-30% (MAPE), so two TTFTs within 1.5x of each
+             other may be either way round, while the compute a hit saves is saved for sure:
+             the cached candidate is taken (docs/router.md, "A cache hit near the pick"). P(meet)'s TPOT factor ranks none:
              the TPOT prediction ranks what a new stream will see poorly (rank correlation
              0.1-0.3 against the observed TPOT on the Mooncake trace, the TTFT prediction's
              0.7-0.9), and a pick ranked by it took cache hits away from engines whose recent
@@ -48,6 +54,7 @@ from tandem.router.predict.slo import SloTarget, meet_probability
 from tandem.router.rendezvous import weight
 
 CLOSE_ENOUGH = 0.05  # P(meet) this close to the best's counts as equally likely
+CACHE_TTFT_RATIO = 1.5  # a candidate holding more of the prompt is taken this close in TTFT
 
 
 def due_for_probe(engine: Engine, ledger: EngineLedger, now: float, reprobe_s: float) -> bool:
@@ -77,6 +84,21 @@ def _pick(candidates: Sequence[Candidate], first_block_key: int | None, bar: flo
         ):
             chosen = candidate
     assert chosen is not None
+    return chosen
+
+
+def _most_cached_near(candidates: Sequence[Candidate], pick: Candidate, bar: float) -> Candidate:
+    """The cached rule (module docstring): of the candidates over `bar` predicted within
+    CACHE_TTFT_RATIO of `pick`'s TTFT, the one with the fewest uncached tokens (ties to the lower
+    cost); `pick` unless one holds more of the prompt."""
+    chosen = pick
+    limit = CACHE_TTFT_RATIO * pick.ttft_s
+    for candidate in candidates:
+        if candidate.ttft_meet < bar or candidate.ttft_s > limit:
+            continue
+        own, held = candidate.own.tokens, chosen.own.tokens
+        if own < held or (own == held and candidate.cost < chosen.cost):
+            chosen = candidate
     return chosen
 
 
@@ -138,7 +160,9 @@ def place(
         None,
     )
     bar = meet_bar(candidates, inputs.meet_threshold)
-    local = probed or _pick(candidates, inputs.first_block_key, bar)
+    local = probed or _most_cached_near(
+        candidates, _pick(candidates, inputs.first_block_key, bar), bar
+    )
     target = inputs.target
     q = inputs.meet_threshold
     chosen, prefill, ttft, meet, wait = local, None, local.ttft_s, local.meet, 0.0
