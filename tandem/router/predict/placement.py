@@ -6,19 +6,19 @@ P/D by prediction (`disaggregation.py`), probes and shedding. In the terms of `c
              every replica shares; q = `meetProbability`): every candidate likely to meet the
              TTFT target counts as meeting it and the cost decides among them (a cache hit
              lowers its TTFT and its stall); the TTFT probability ranks candidates only where
-             none is likely to meet, the most likely first.
-  cached   = of the candidates over the same bar whose TTFT ≤ r · TTFT(pick) (r =
-             CACHE_TTFT_RATIO, 1.5), the one with the fewest uncached tokens (ties to the lower
-             cost); the pick itself unless one holds more of the prompt. The costs are
-             predictions whose TTFT is off by 20-30% (MAPE), so two TTFTs within 1.5x of each
-             other may be either way round, while the compute a hit saves is saved for sure:
-             the cached candidate is taken (docs/router.md, "A cache hit near the pick"). P(meet)'s TPOT factor ranks none:
+             none is likely to meet, the most likely first. P(meet)'s TPOT factor ranks none:
              the TPOT prediction ranks what a new stream will see poorly (rank correlation
              0.1-0.3 against the observed TPOT on the Mooncake trace, the TTFT prediction's
              0.7-0.9), and a pick ranked by it took cache hits away from engines whose recent
              prefills (the same conversation's last turn) raised their predicted TPOT. The TPOT
              stays in the cost (L · TPOT: the engine's prefill share there spreads prefills),
              in P(meet) for shedding, and in the P/D decode engine's choice
+  cached   = of the candidates over the same bar whose TTFT ≤ r · TTFT(pick) (r =
+             CACHE_TTFT_RATIO, 1.5), the one with the fewest uncached tokens (ties to the lower
+             cost); the pick itself unless one holds more of the prompt. The costs are
+             predictions whose TTFT is off by 20-30% (MAPE), so two TTFTs within 1.5x of each
+             other may be either way round, while the compute a hit saves is saved for sure
+             (docs/router.md, "A cache hit near the pick")
   unknown pace: a prefill engine not yet observed (its prefill model still the seed) takes one
     request at a time in mode auto: until a prefill there has answered (and taught its pace) it
     is no P/D candidate while another is open, so a burst that arrives before the first answer
