@@ -47,6 +47,7 @@ from tandem.router.predict.predictor import MAX_HOLD_S, MIN_TPOT_TOKENS, Predict
 from tandem.router.predict.prefill_queue import PrefillQueue, QueuedPrefill
 from tandem.router.predict.slo import SloTarget, meet_probability, slo_class, slo_target
 from tandem.router.relay import completion_tokens
+from tandem.router.rendezvous import weight
 
 # -- cost model ---------------------------------------------------------------------------------
 
@@ -721,6 +722,21 @@ def test_a_cached_candidate_close_enough_in_ttft_is_taken_over_a_cheaper_one() -
     placement = place([idle, cached], [], ledger_of, tight, "auto")
     assert {c.engine: c for c in placement.candidates}[cached].ttft_meet < placement.meet_bar
     assert placement.decode.engine is idle
+
+
+def test_of_two_equally_cached_candidates_at_one_cost_every_replica_takes_the_same() -> None:
+    """The cached rule breaks an exact tie as the pick does, by the first block's rendezvous
+    weight, so the candidates' order (each replica's pool order) does not decide it."""
+    _, ledger_of = ledger_table()
+    idle, a, b = engine("idle", "both"), engine("a", "both"), engine("b", "both")
+    hits = {a.id: 100, b.id: 100}
+    for twin in (a, b):
+        behind(ledger_of(twin), 2000)  # alike in every figure: the same cost
+    for key in range(8):
+        inputs = replace(inputs_for(2000, hits=hits), first_block_key=key)
+        heavier = a if weight(key, a.id) > weight(key, b.id) else b
+        for order in ([idle, a, b], [idle, b, a]):
+            assert place(order, [], ledger_of, inputs, "auto").decode.engine is heavier
 
 
 def test_every_candidate_likely_to_meet_its_ttft_is_weighed_by_cost() -> None:

@@ -14,8 +14,8 @@ P/D by prediction (`disaggregation.py`), probes and shedding. In the terms of `c
              stays in the cost (L · TPOT: the engine's prefill share there spreads prefills),
              in P(meet) for shedding, and in the P/D decode engine's choice
   cached   = of the candidates over the same bar whose TTFT ≤ r · TTFT(pick) (r =
-             CACHE_TTFT_RATIO, 1.5), the one with the fewest uncached tokens (ties to the lower
-             cost); the pick itself unless one holds more of the prompt. The costs are
+             CACHE_TTFT_RATIO, 1.5), the one with the fewest uncached tokens (ties as in the
+             pick); the pick itself unless one holds more of the prompt. The costs are
              predictions whose TTFT is off by 20-30% (MAPE), so two TTFTs within 1.5x of each
              other may be either way round, while the compute a hit saves is saved for sure
              (docs/router.md, "A cache hit near the pick")
@@ -77,34 +77,34 @@ def _pick(candidates: Sequence[Candidate], first_block_key: int | None, bar: flo
     for candidate in candidates:
         if candidate.ttft_meet < bar:
             continue
-        if (
-            chosen is None
-            or candidate.cost < chosen.cost
-            or (candidate.cost == chosen.cost and _wins_tie(candidate, chosen, first_block_key))
-        ):
+        if chosen is None or _cheaper(candidate, chosen, first_block_key):
             chosen = candidate
     assert chosen is not None
     return chosen
 
 
-def _most_cached_near(candidates: Sequence[Candidate], pick: Candidate, bar: float) -> Candidate:
+def _most_cached_near(
+    candidates: Sequence[Candidate], pick: Candidate, bar: float, first_block_key: int | None
+) -> Candidate:
     """The cached rule (module docstring): of the candidates over `bar` predicted within
-    CACHE_TTFT_RATIO of `pick`'s TTFT, the one with the fewest uncached tokens (ties to the lower
-    cost); `pick` unless one holds more of the prompt."""
+    CACHE_TTFT_RATIO of `pick`'s TTFT, the one with the fewest uncached tokens (ties as in the
+    pick: `_cheaper`); `pick` unless one holds more of the prompt."""
     chosen = pick
     limit = CACHE_TTFT_RATIO * pick.ttft_s
     for candidate in candidates:
         if candidate.ttft_meet < bar or candidate.ttft_s > limit:
             continue
         own, held = candidate.own.tokens, chosen.own.tokens
-        if own < held or (own == held and candidate.cost < chosen.cost):
+        if own < held or (own == held and _cheaper(candidate, chosen, first_block_key)):
             chosen = candidate
     return chosen
 
 
-def _wins_tie(candidate: Candidate, chosen: Candidate, first_block_key: int | None) -> bool:
-    """Of two candidates of equal cost, whether `candidate` has the higher rendezvous weight of
-    the first block (without one, the first keeps it)."""
+def _cheaper(candidate: Candidate, chosen: Candidate, first_block_key: int | None) -> bool:
+    """Whether `candidate` costs less than `chosen`, or as much with the higher rendezvous
+    weight of the first block (without one, `chosen` keeps it): the same on every replica."""
+    if candidate.cost != chosen.cost:
+        return candidate.cost < chosen.cost
     if first_block_key is None:
         return False
     return weight(first_block_key, candidate.engine.id) > weight(first_block_key, chosen.engine.id)
@@ -160,8 +160,9 @@ def place(
         None,
     )
     bar = meet_bar(candidates, inputs.meet_threshold)
+    first_block_key = inputs.first_block_key
     local = probed or _most_cached_near(
-        candidates, _pick(candidates, inputs.first_block_key, bar), bar
+        candidates, _pick(candidates, first_block_key, bar), bar, first_block_key
     )
     target = inputs.target
     q = inputs.meet_threshold
