@@ -6,6 +6,7 @@ emulated engines)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -146,8 +147,20 @@ def test_pd_with_a_lora_adapter_through_the_relay() -> None:
                 body = {"model": "a1", "prompt": "ready?", "max_tokens": 1}
                 return httpx.post(url + "/v1/completions", json=body, timeout=30).is_success
 
+            def engines() -> list[dict[str, Any]]:
+                answer: list[dict[str, Any]] = httpx.get(router.url + "/engines").json()
+                return answer
+
+            def picker_knows_a1() -> bool:
+                """Every engine healthy with `a1` read from its /v1/models: a prefill engine
+                not known to serve it yet is no P/D candidate for it."""
+                return all(e["healthy"] and "a1" in (e["adapters"] or ()) for e in engines())
+
             # the picker and each relay have read their engines' adapters
-            wait_until(lambda: all(served(r.url) for r in (router, *pd.relays)), timeout=20)
+            wait_until(
+                lambda: picker_knows_a1() and all(served(r.url) for r in (router, *pd.relays)),
+                timeout=20,
+            )
             prefilled_before = pd.counters()[0]
             answer = httpx.post(
                 envoy.url + "/v1/completions",
@@ -157,7 +170,7 @@ def test_pd_with_a_lora_adapter_through_the_relay() -> None:
             )
             assert answer.status_code == 200, answer.text
             assert answer.json()["model"] == "a1"
-            assert answer.headers["x-tandem-route"] == "disaggregated"
+            assert answer.headers["x-tandem-route"] == "disaggregated", engines()
             assert pd.counters()[0] - prefilled_before == 1
             unknown = httpx.post(
                 envoy.url + "/v1/completions",
