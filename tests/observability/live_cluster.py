@@ -103,6 +103,21 @@ class OperatorFeed:
                 )
 
 
+def forget_every_cluster() -> None:
+    """This process's operator series start empty, as a fresh operator's do: tests that ran
+    before in the same process (a pytest-xdist worker runs many modules) recorded clusters of
+    their own, and an alert on one of them (a pool desired with none ready) would read as this
+    cluster's."""
+    recorded = {
+        (sample.labels["namespace"], sample.labels["tandem_dev_cluster"])
+        for family in operator_metrics.REGISTRY.collect()
+        for sample in family.samples
+        if "tandem_dev_cluster" in sample.labels
+    }
+    for namespace, cluster in recorded:
+        operator_metrics.forget_cluster(namespace, cluster)
+
+
 def pod_labels(role: str, pod: str) -> dict[str, str]:
     """The target labels the chart's monitors give a pod's series on Kubernetes."""
     return {names.NAMESPACE: NAMESPACE, names.CLUSTER: CLUSTER, names.ROLE: role, names.POD: pod}
@@ -184,6 +199,7 @@ def live_cluster(
             for i, entry in enumerate(config["static"][role])
         }
         operator_port = free_port()
+        forget_every_cluster()
         server = operator_metrics.serve(operator_port, "127.0.0.1")
         jobs = [
             static_job(
