@@ -20,8 +20,10 @@ step "types"
 $BIN/mypy -p tandem
 
 step "tests"
-# pytest exits 5 when it collects nothing; set -e turns that into a failure as well.
-$BIN/pytest -p no:cacheprovider "$@"
+# Most of the suite waits on the processes it starts (engines, routers, a control plane), so it
+# runs on more workers than cores: the e2e suite whole on one, test modules shared by the others
+# (conftest.py). pytest exits 5 when it collects nothing; set -e turns that into a failure too.
+$BIN/pytest -p no:cacheprovider -n "${TANDEM_TEST_WORKERS:-3}" "$@"
 
 step "real vLLM (make test-vllm)"
 scripts/test-vllm.sh
