@@ -109,10 +109,10 @@ def forget_every_cluster() -> None:
     their own, and an alert on one of them (a pool desired with none ready) would read as this
     cluster's."""
     recorded = {
-        (sample.labels["namespace"], sample.labels["tandem_dev_cluster"])
+        (sample.labels[names.NAMESPACE], sample.labels[names.CLUSTER])
         for family in operator_metrics.REGISTRY.collect()
         for sample in family.samples
-        if "tandem_dev_cluster" in sample.labels
+        if names.CLUSTER in sample.labels
     }
     for namespace, cluster in recorded:
         operator_metrics.forget_cluster(namespace, cluster)
