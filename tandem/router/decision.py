@@ -8,7 +8,7 @@ for the `predictive` policy, of the predictor's ledgers); the proxy gathers the 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -16,8 +16,8 @@ from tandem.common.routing import DisaggregationConfig
 from tandem.router.config import RouterConfig
 from tandem.router.engines import Engine
 from tandem.router.predict.candidate import Placement, PlacementInputs
-from tandem.router.predict.output_length import LengthKeys, LengthPrediction
-from tandem.router.predict.placement import place
+from tandem.router.predict.output_length import LengthKeys
+from tandem.router.predict.placement import decided_alone, place
 from tandem.router.predict.predictor import Predictor
 from tandem.router.predict.slo import SloTarget
 from tandem.router.rendezvous import hrw_order
@@ -88,13 +88,13 @@ class RouteInputs:
 
 @dataclass(slots=True)  # per request: a frozen one's __init__ takes ~5x as long
 class PredictiveInputs:
-    """What the `predictive` policy adds: the predictor's ledgers, the request's predicted output
-    and its SLO targets."""
+    """What the `predictive` policy adds: the predictor's ledgers, what its output length is
+    predicted from and its SLO targets."""
 
     predictor: Predictor
-    output: LengthPrediction
     target: SloTarget
     keys: LengthKeys  # the request's output-length keys, learned from once it is answered
+    max_tokens: int | None  # the client's bound on the output
     now: float  # monotonic seconds when the request was planned
 
 
@@ -105,6 +105,8 @@ class RoutePlan:
     reason: Reason
     prefill_ranking: list[Choice]  # best first; empty unless disaggregated
     placement: Placement | None = None  # the predictions behind it (`predictive` policy)
+    # or, for a plan decided without them (`placement.decided_alone`), what makes them later
+    place_later: Callable[[], Placement] | None = None
 
     @property
     def decode(self) -> Choice:
@@ -223,6 +225,8 @@ def predictive_plan(
     A session keeps its engine (the first of `decode_ranking`'s rendezvous order, the same on
     every replica; the rest of that order follows for retries); the prediction then decides only
     P/D or local. `n > 1` never disaggregates (a prefill answer hands off one sequence's KV).
+    A plan that no prediction could change (`placement.decided_alone`) leaves them to
+    `place_later`: the output length and the placement, as of now, when first needed.
     """
     decoders: Sequence[Engine] = inputs.decoders
     session_order: list[Engine] = []
@@ -232,28 +236,41 @@ def predictive_plan(
     predictor = predictive.predictor
     predictor.settle()  # the requests placed before it, in the ledgers and the size means
     settings = config.scoring.predictive
-    placement = place(
-        decoders,
-        inputs.prefillers if inputs.n == 1 else (),
-        predictor.ledger,
-        PlacementInputs(
-            inputs.prompt_tokens,
-            config.block_size,
-            inputs.hits,
-            predictive.output,
-            predictive.target,
-            settings.meet_probability,
-            settings.interference_budget,
-            predictor.mean_uncached_tokens,
-            predictor.mean_uncached_pairs,
-            predictor.mean_stream_tokens,
-            predictive.now,
-            inputs.first_block_key,
-            settings.reprobe_seconds,
-        ),
-        config.disaggregation.mode,
-    )
+    prefillers = inputs.prefillers if inputs.n == 1 else ()
+    mode = config.disaggregation.mode
     hits = inputs.hits
+
+    def placement_now() -> Placement:
+        # now, or for a plan decided alone at the `Predictor.settle` that takes its ticket's
+        # share: nothing placed after it is in the ledgers and means before then
+        return place(
+            decoders,
+            prefillers,
+            predictor.ledger,
+            PlacementInputs(
+                inputs.prompt_tokens,
+                config.block_size,
+                hits,
+                predictor.lengths.predict(predictive.keys, predictive.max_tokens),
+                predictive.target,
+                settings.meet_probability,
+                settings.interference_budget,
+                predictor.mean_uncached_tokens,
+                predictor.mean_uncached_pairs,
+                predictor.mean_stream_tokens,
+                predictive.now,
+                inputs.first_block_key,
+                settings.reprobe_seconds,
+            ),
+            mode,
+        )
+
+    if decided_alone(decoders, prefillers, predictor.ledger, predictive.target, mode):
+        ranked = [*decoders, *session_order[1:]]
+        decode = [Choice(engine, 0.0, hits.get(engine.id, 0)) for engine in ranked]
+        reason = _local_reason(inputs, config)
+        return RoutePlan(decode, Route.LOCAL, reason, [], place_later=placement_now)
+    placement = placement_now()
     ranking = [*placement.ranking, *session_order[1:]]
     decode = [Choice(engine, 0.0, hits.get(engine.id, 0)) for engine in ranking]
     if placement.prefill is not None:

@@ -269,8 +269,7 @@ class CompletionProxy:
         max_tokens = max_tokens if isinstance(max_tokens, int) else None
         group = session if session is not None else features.first_block_key
         keys = length_keys(chat, max_tokens, features.prompt_tokens, group)
-        output = predictor.lengths.predict(keys, max_tokens)
-        return PredictiveInputs(predictor, output, target, keys, time.monotonic())
+        return PredictiveInputs(predictor, target, keys, max_tokens, time.monotonic())
 
     # -- carrying a plan out -----------------------------------------------------------------
 
@@ -317,34 +316,31 @@ class CompletionProxy:
     ) -> None:
         """`_carry_out`; under the predictive policy first a 429 for a placement that sheds the
         request, else a ticket of this plan's predictions (a request planned again gets a new
-        one: what a plan's engines learn and hold is that plan's), given back when it ends."""
+        one: what a plan's engines learn and hold is that plan's), given back when it ends. A
+        plan decided without them has them made when they are first needed (`Predictor.ticket`)."""
         placement = plan.placement
-        if placement is None or predictive is None:
+        placed = placement or plan.place_later
+        if predictive is None or placed is None:
             await self._carry_out(call, features, plan, index_name, t_route)
             return
-        target = predictive.target
-        metrics = self.metrics
-        if placement.shed:
+        if placement is not None and placement.shed:
+            metrics = self.metrics
             metrics.child(metrics.rejected, "slo").inc()
             metrics.child(metrics.requests, "none", "429").inc()
             raise ClientError(
                 429,
                 error_body(429, "The request's SLO targets cannot be met now; retry later."),
-                [("retry-after", str(retry_after_s(placement, target)))],
+                [("retry-after", str(retry_after_s(placement, predictive.target)))],
             )
-        ticket = call.ticket = predictive.predictor.ticket(
-            placement,
-            features.prompt_tokens,
-            predictive.output,
-            predictive.keys,
-            target,
-            call.body.get("stream") is True,
-            predictive.now,
+        predictor = predictive.predictor
+        ticket = call.ticket = predictor.ticket(
+            placed, predictive.keys, call.body.get("stream") is True
         )
-        # its share of the ledgers taken when this task first waits: after the upstream write
-        asyncio.get_running_loop().call_soon(predictive.predictor.settle)
+        if placement is not None:
+            # its share of the ledgers taken when this task first waits: after the upstream write
+            asyncio.get_running_loop().call_soon(predictor.settle)
         try:
-            if placement.hold_s > 0.0:  # a local prefill (candidate.py, hold(d))
+            if placement is not None and placement.hold_s > 0.0:  # a local prefill (hold(d))
                 # its blocks pending on its engine from now, so that what follows it while it is
                 # held is placed as if it had been sent (a burst of one prefix stays together)
                 self.remember(features, plan.decode.engine, None)
@@ -463,7 +459,7 @@ class CompletionProxy:
         if call.show_engines:
             headers.append(("x-tandem-decode-engine", engine.id))
             if call.ticket is not None:
-                predicted = call.ticket.placement.ttft_s * 1e3
+                predicted = call.ticket.predicted_ttft_s() * 1e3
                 headers.append(("x-tandem-predicted-ttft-ms", f"{predicted:.3f}"))
         if response is None:
             if handoff is not None and failure is not None and may_resend_without_handoff(failure):

@@ -32,7 +32,7 @@ def explain_line(predictor: Predictor, engines: list[Engine], hits: dict[str, in
     target = SloTarget(2.0, 0.1, False)
     inputs = PlacementInputs(2000, 16, hits, output, target, 0.5, 0.3, 1000.0, 1e6, 1000.0, 100.0)
     placement = place(engines, [], predictor.ledger, inputs, "auto")
-    ticket = predictor.ticket(placement, 2000, output, keys, target, True, 100.0)
+    ticket = predictor.ticket(placement, keys, True)
     ticket.first_byte(placement.decode.engine, now=100.2, upstream_start=100.0, prefill_done=None)
     ticket.finished(output_tokens=20, last_event=100.6)
     return json.loads(json.dumps(ticket.explain(20, 100.6)))  # as the debug log carries it
@@ -100,7 +100,7 @@ def test_the_explain_line_gives_the_tpot_the_router_scores() -> None:
     target = SloTarget(2.0, 0.1, False)
     inputs = PlacementInputs(2000, 16, {}, output, target, 0.5, 0.3, 1000.0, 1e6, 1000.0, 100.0)
     placement = place([a], [], predictor.ledger, inputs, "auto")
-    ticket = predictor.ticket(placement, 2000, output, keys, target, True, 100.0)
+    ticket = predictor.ticket(placement, keys, True)
     ticket.first_byte(a, now=100.2, upstream_start=100.0, prefill_done=None)
     ticket.finished(output_tokens=MIN_TPOT_TOKENS - 1, last_event=100.20005)
     assert ticket.explain(MIN_TPOT_TOKENS - 1, 100.20005)["tpot_obs_ms"] is None

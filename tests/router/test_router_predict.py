@@ -834,9 +834,7 @@ def config(**scoring: object) -> RouterConfig:
 
 def predictive_inputs(predictor: Predictor) -> PredictiveInputs:
     keys = length_keys(False, 100, 2000, None)
-    return PredictiveInputs(
-        predictor, predictor.lengths.predict(keys, 100), SloTarget(0.2, 0.05, False), keys, 100.0
-    )
+    return PredictiveInputs(predictor, SloTarget(0.2, 0.05, False), keys, 100, 100.0)
 
 
 def test_plan_keeps_a_session_on_its_engine_and_n_above_one_local() -> None:
@@ -868,24 +866,67 @@ def test_a_plan_sees_every_placement_before_it_settled_or_not() -> None:
     engine's queue, and its size in the means the plan reads."""
     cfg = config()
     predictor = Predictor(cfg.scoring.predictive, RouterMetrics())
-    d = engine("d", "decode")
-    ledger = predictor.ledger(d)
-    planned = plan_route(plan_inputs([d], predictive_inputs(predictor)), cfg)
+    d1, d2 = engine("d1", "decode"), engine("d2", "decode")
+    ledger = predictor.ledger(d1)
+    planned = plan_route(plan_inputs([d1, d2], predictive_inputs(predictor)), cfg)
     assert planned is not None
     assert planned.placement is not None
     assert planned.placement.decode.backlog_s == 0.0
-    keys = length_keys(False, 100, 2000, None)
-    output = predictor.lengths.predict(keys, 100)
-    target = SloTarget(0.2, 0.05, False)
-    predictor.ticket(planned.placement, 2000, output, keys, target, True, 100.0)
+    assert planned.decode.engine is d1  # the tie's rendezvous order without a first block
+    predictor.ticket(planned.placement, length_keys(False, 100, 2000, None), True)
     assert not ledger.queue.open  # not yet taken
     assert predictor.mean_uncached_tokens == 512.0
-    again = plan_route(plan_inputs([d], predictive_inputs(predictor)), cfg)
+    again = plan_route(plan_inputs([d1], predictive_inputs(predictor)), cfg)
     assert again is not None
     assert again.placement is not None
     assert ledger.queue.open == 1
     assert again.placement.decode.backlog_s > 0.0  # behind the first one's 2,000 tokens
     assert predictor.mean_uncached_tokens > 512.0
+
+
+def test_a_plan_no_prediction_could_change_is_predicted_when_first_needed() -> None:
+    """One decode engine, nothing to hand off from, a class never shed, nothing of the router's
+    prefilling or pulling there: the plan is decided before any prediction, and its predictions
+    are made at the next `settle`, with the ledgers as they were when it was planned (the next
+    plan, or its own first byte)."""
+    cfg = config()
+    predictor = Predictor(cfg.scoring.predictive, RouterMetrics())
+    d, p = engine("d", "decode"), engine("p", "prefill")
+    ledger = predictor.ledger(d)
+    planned = plan_route(plan_inputs([d], predictive_inputs(predictor)), cfg)
+    assert planned is not None
+    assert planned.placement is None
+    assert planned.place_later is not None
+    assert [c.engine for c in planned.decode_ranking] == [d]
+    assert planned.route is Route.LOCAL
+    made = planned.place_later()  # what `settle` will make: as if placed now
+    assert made.decode.engine is d
+    assert made.decode.backlog_s == 0.0
+    ticket = predictor.ticket(planned.place_later, length_keys(False, 100, 2000, None), True)
+    assert not ledger.queue.open
+    ticket.prefilled(False, None)  # local: nothing to report, and nothing made for it
+    assert not ledger.queue.open
+    again = plan_route(plan_inputs([d], predictive_inputs(predictor)), cfg)
+    assert again is not None
+    assert ledger.queue.open == 1  # the first one's share, taken as the plan settled
+    assert ticket.placement.ttft_s == made.ttft_s  # predicted as of its own plan
+    assert again.placement is not None  # now behind it: a hold is possible, so it predicts
+    assert again.placement.decode.backlog_s > 0.0
+    ticket.first_byte(d, now=10.5, upstream_start=10.0, prefill_done=None)
+    ticket.finished(output_tokens=51, last_event=11.5)
+    assert ledger.streams == 0
+    # a sheddable class, a second engine or a prefill engine to weigh: predicted at once
+    for target, decoders, prefillers in (
+        (SloTarget(0.2, 0.05, True), [d], []),
+        (SloTarget(0.2, 0.05, False), [d, engine("d2", "decode")], []),
+        (SloTarget(0.2, 0.05, False), [d], [p]),
+    ):
+        inputs = predictive_inputs(predictor)
+        inputs.target = target
+        plan = plan_route(plan_inputs(decoders, inputs, prefillers), cfg)
+        assert plan is not None
+        assert plan.placement is not None
+        assert plan.place_later is None
 
 
 def plan_inputs(
@@ -921,7 +962,7 @@ def test_ticket_holds_and_gives_back_and_teaches() -> None:
     inputs = PlacementInputs(2000, 16, {}, output, target, 0.5, 0.3, 1000.0, 1e6, 1000.0, 100.0)
     placement = place([d], [], predictor.ledger, inputs, "auto")
     ledger = predictor.ledger(d)
-    ticket = predictor.ticket(placement, 2000, output, keys, target, True, 100.0)
+    ticket = predictor.ticket(placement, keys, True)
     assert ledger.queue.tokens == 0  # its share is taken at the next settle, off its way
     assert predictor.ledger(d) is ledger  # which every reader of a ledger calls first
     assert ledger.queue.tokens == 2000
@@ -966,7 +1007,7 @@ def test_a_prefill_answer_teaches_its_engine_before_the_request_ends() -> None:
     behind(predictor.ledger(d), 30000)  # local is far behind: P/D is predicted faster
     placement = place([d], [p], predictor.ledger, inputs, "auto")
     assert placement.prefill is not None
-    ticket = predictor.ticket(placement, 2000, output, keys, target, True, 100.0)
+    ticket = predictor.ticket(placement, keys, True)
     ledger = predictor.ledger(p)
     assert ledger.prefills_open == 1
     assert predictor.ledger(d).handoffs_due == 1  # on its way to d until its first byte
@@ -997,7 +1038,7 @@ def test_a_prefill_placed_before_another_on_its_engine_teaches_no_cost_sample() 
     def placed(now: float) -> Ticket:
         inputs = PlacementInputs(2000, 16, {}, output, target, 0.5, 0.3, 1e3, 1e6, 1e3, now)
         placement = place([d], [], predictor.ledger, inputs, "never")
-        return predictor.ticket(placement, 2000, output, keys, target, True, now)
+        return predictor.ticket(placement, keys, True)
 
     first, second = placed(100.0), placed(100.001)
     first.first_byte(d, now=100.3, upstream_start=100.0, prefill_done=None)
@@ -1035,7 +1076,7 @@ def handed_off_between_two(metrics: RouterMetrics) -> HandedOff:
     placement = place([planned, other], [p], predictor.ledger, inputs, "auto")
     assert placement.prefill is not None
     assert placement.decode.engine is planned  # a tie: the first
-    ticket = predictor.ticket(placement, 2000, output, keys, target, True, 100.0)
+    ticket = predictor.ticket(placement, keys, True)
     return HandedOff(predictor, planned, other, inputs, placement, ticket)
 
 
@@ -1093,9 +1134,7 @@ def test_a_handoff_stays_on_its_engine_when_no_other_is_healthy() -> None:
     assert predictor.ledger(planned).handoffs_due == 1
     assert predictor.ledger(planned).claimed_tokens == 2000
     local = place([planned], [], predictor.ledger, inputs, "auto")
-    local_ticket = predictor.ticket(
-        local, 2000, inputs.output, case.ticket.keys, inputs.target, True, 100.0
-    )
+    local_ticket = predictor.ticket(local, case.ticket.keys, True)
     assert local_ticket.hand_off([planned, other], now=100.0) is planned  # nothing to hand off
 
 
@@ -1116,7 +1155,7 @@ async def test_a_long_local_prefill_waits_for_the_handoffs_sent_to_its_engine() 
             prompt, 16, {}, output, target, 0.5, 0.3, 1000.0, 1e6, 1000.0, time.monotonic()
         )
         placement = place([d], prefillers, predictor.ledger, inputs, "auto")
-        ticket = predictor.ticket(placement, prompt, output, keys, target, True, inputs.now)
+        ticket = predictor.ticket(placement, keys, True)
         predictor.settle()  # as the proxy once it has sent the request
         return ticket
 
@@ -1172,7 +1211,7 @@ def test_a_short_answer_teaches_and_scores_no_tpot() -> None:
     inputs = PlacementInputs(500, 16, {}, output, target, 0.5, 0.3, 1000.0, 1e6, 1000.0, 100.0)
     placement = place([d], [], predictor.ledger, inputs, "auto")
     step = predictor.ledger(d).costs.step_s(1, 500)
-    ticket = predictor.ticket(placement, 500, output, keys, target, True, 100.0)
+    ticket = predictor.ticket(placement, keys, True)
     ticket.first_byte(d, now=10.1, upstream_start=10.0, prefill_done=None)
     ticket.finished(output_tokens=MIN_TPOT_TOKENS - 1, last_event=10.1 + 1e-5)
     assert predictor.ledger(d).costs.step_s(1, 500) == step
@@ -1191,7 +1230,7 @@ def test_ticket_of_an_abandoned_request_gives_back_its_queue() -> None:
     inputs = PlacementInputs(2000, 16, {}, output, target, 0.5, 0.3, 1000.0, 1e6, 1000.0, 100.0)
     placement = place([d], [p], predictor.ledger, inputs, "auto")
     assert placement.prefill is not None
-    ticket = predictor.ticket(placement, 2000, output, keys, target, True, 100.0)
+    ticket = predictor.ticket(placement, keys, True)
     assert predictor.ledger(p).queue.tokens == 2000
     ticket.prefilled(handed_off=True, seconds=0.05)
     assert predictor.ledger(d).claimed_tokens == 2000  # the pull onto d has not happened yet
@@ -1272,7 +1311,7 @@ def test_a_held_request_waits_out_its_hold_and_is_judged_from_its_placement() ->
         inputs = PlacementInputs(6000, 16, {}, output, target, 0.5, 0.3, 1000.0, 1e6, 1000.0, now)
         placement = place([d], [], predictor.ledger, inputs, "never")
         assert placement.hold_s > 0.0
-        ticket = predictor.ticket(placement, 6000, output, keys, target, True, now)
+        ticket = predictor.ticket(placement, keys, True)
         started = time.perf_counter()
         held = await ticket.past_the_shared_step()
         assert time.perf_counter() - started >= placement.hold_s

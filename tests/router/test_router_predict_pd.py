@@ -1,4 +1,5 @@
-"""The predictive policy's P/D decision over real sockets: emulator engines of known speeds.
+"""The predictive policy's P/D decision over real sockets: emulator engines of known speeds (and,
+with one decode engine and no prefill pool, no decision at all).
 
 The decode engine's timing profile charges 0.2 ms per prefill token on top of the H200 profile,
 so a long prompt misses its TTFT target there while a KV handoff to it does not; a fast prefill
@@ -9,6 +10,7 @@ seeds are optimistic (1 ms per 1,000 tokens), so an engine is tried before it is
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 from collections.abc import Iterator
@@ -114,6 +116,40 @@ def test_a_fast_prefill_pool_is_used_once_local_is_known_to_miss(
     assert seen[-5:] == ["disaggregated"] * 5, seen
     assert metric(text, "tandem_router_prediction_error_ratio_count", quantity="ttft") == REQUESTS
     assert metric(text, "tandem_router_prediction_error_ratio_count", quantity="prefill") >= 5
+
+
+def test_requests_to_a_lone_decode_engine_go_out_unpredicted_and_are_predicted_after(
+    decode: Engine, tmp_path: Path
+) -> None:
+    """One decode engine, no prefill pool, no sheddable class: no prediction could change where a
+    request goes, so it is sent before its predictions are made (`placement.decided_alone`).
+    They are made all the same, as of its plan: each streamed answer's first token is predicted
+    and scored, one after another and in a burst whose plans settle each other's tickets."""
+    router = Router(["--config", str(predictive_config(tmp_path)), "--decode", decode.url])
+    url = router.url + "/v1/completions"
+
+    def body(prompt: str) -> dict[str, object]:
+        return {"model": "tiny", "prompt": prompt, "max_tokens": 8, "stream": True}
+
+    async def burst() -> list[httpx.Response]:
+        async with httpx.AsyncClient(timeout=60) as client:
+            sent = (client.post(url, json=body(f"burst {i}"), headers=DEBUG) for i in range(8))
+            return await asyncio.gather(*sent)
+
+    with running(router):
+        one_by_one = [
+            httpx.post(url, json=body(f"alone {i}"), headers=DEBUG, timeout=60)
+            for i in range(REQUESTS)
+        ]
+        together = asyncio.run(burst())
+        text = metrics(router.url)
+    for response in (*one_by_one, *together):
+        assert response.status_code == 200
+        assert response.headers["x-tandem-route"] == "local"
+        assert float(response.headers["x-tandem-predicted-ttft-ms"]) > 0.0
+    scored = metric(text, "tandem_router_prediction_error_ratio_count", quantity="ttft")
+    assert scored == REQUESTS + 8
+    assert metric(text, "tandem_router_prediction_error_ratio_count", quantity="tpot") > 0
 
 
 def test_a_prefill_pool_behind_is_a_predicted_wait_and_requests_stay_local(

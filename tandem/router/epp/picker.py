@@ -19,7 +19,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -386,16 +386,10 @@ class EndpointPicker(ext_proc_grpc.ExternalProcessorServicer):  # type: ignore[m
                 engine.in_flight += 1
                 engine.pending += 1
         ticket = None
-        if plan.placement is not None and predictive is not None:
-            ticket = predictive.predictor.ticket(
-                plan.placement,
-                features.prompt_tokens,
-                predictive.output,
-                predictive.keys,
-                predictive.target,
-                body.get("stream") is True,
-                predictive.now,
-            )
+        placed = plan.placement or plan.place_later
+        if placed is not None and predictive is not None:
+            streaming = body.get("stream") is True
+            ticket = predictive.predictor.ticket(placed, predictive.keys, streaming)
         return Placed(endpoint, decode, prefill, ticket, chat, body, tenant=tenant)
 
     def _within(self, plan: RoutePlan, subset: frozenset[str]) -> RoutePlan | None:
@@ -403,7 +397,7 @@ class EndpointPicker(ext_proc_grpc.ExternalProcessorServicer):  # type: ignore[m
         ranking = [c for c in plan.decode_ranking if self.destination(c.engine)[0] in subset]
         if not ranking:
             return None
-        return RoutePlan(ranking, plan.route, plan.reason, plan.prefill_ranking, plan.placement)
+        return replace(plan, decode_ranking=ranking)
 
     # -- bookkeeping -------------------------------------------------------------------------
 

@@ -32,6 +32,12 @@ P/D by prediction (`disaggregation.py`), probes and shedding. In the terms of `c
     (`disaggregation.py`) says. At most one request per engine per interval is placed against
     the prediction, and only on an engine with nothing to delay.
   shed ⇔ the class is sheddable, P(meet) of the chosen placement < q and it is no probe.
+  decided without a prediction: one decode candidate, no prefill engine it could hand off from
+    (none, mode never, n > 1 or the candidate colocated), a class that is never shed, and
+    nothing of this router's prefilling or pulling on the engine (no hold, no wait behind a
+    pull): whatever the prediction says, the request goes there at once (`decided_alone`). Its
+    predictions are still made, for its ticket's share of the ledgers and its errors, but when
+    they are first needed (`Predictor.ticket`), not on the request's way to the engine.
 """
 
 from __future__ import annotations
@@ -64,6 +70,24 @@ def due_for_probe(engine: Engine, ledger: EngineLedger, now: float, reprobe_s: f
     if reprobe_s <= 0.0 or ledger.queue.open or engine.waiting > 0 or engine.streams():
         return False
     return ledger.last_placed is not None and now - ledger.last_placed >= reprobe_s
+
+
+def decided_alone(
+    decoders: Sequence[Engine],
+    prefillers: Sequence[Engine],
+    ledger_of: Callable[[Engine], EngineLedger],
+    target: SloTarget,
+    disaggregation: str,
+) -> bool:
+    """Whether `place` can only send the request to `decoders[0]`, local, at once and not shed,
+    whatever it predicts (module docstring: decided without a prediction)."""
+    if len(decoders) != 1 or target.sheddable:
+        return False
+    engine = decoders[0]
+    if prefillers and disaggregation != "never" and not engine.colocated:
+        return False
+    ledger = ledger_of(engine)
+    return not ledger.queue.open and not ledger.handoffs_pulling
 
 
 def meet_bar(candidates: Sequence[Candidate], q: float) -> float:

@@ -41,7 +41,11 @@ The `placed` lines are taken at `Predictor.settle`, as of the placement time: th
 it as the ticket is made, so it runs when the request's task first waits, which on a pooled
 connection is once its upstream request is written, off its way to its first token; every reader
 of a ledger (a plan, `Predictor.ledger`, each ticket's methods) settles first, so no plan misses
-a placement.
+a placement. A plan that no prediction could change (`placement.decided_alone`: one decode
+engine, nothing to weigh it against) is sent before its predictions are made: its ticket
+(`Predictor.ticket`) makes them at the settle that takes its share, with the ledgers as
+they were when it was planned, and that settle is not scheduled: the next plan runs it, or the
+request's own first byte once the client has been sent it.
 
 The TTFT predicted and observed is the upstream part (first upstream request → first byte): the
 router's own queue and scheduling come before it. A non-streaming answer's first byte comes with
@@ -56,7 +60,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -67,10 +71,9 @@ from tandem.router.predict.candidate import MAX_SHARE, Placement, PrefillPick, s
 from tandem.router.predict.cost_model import EngineCosts
 from tandem.router.predict.disaggregation import fills_step_budget, handoff_decode
 from tandem.router.predict.ledger import EngineLedger
-from tandem.router.predict.output_length import LengthKeys, LengthPrediction, OutputLengthModel
+from tandem.router.predict.output_length import LengthKeys, OutputLengthModel
 from tandem.router.predict.placement import chosen_first
 from tandem.router.predict.prefill_queue import QueuedPrefill
-from tandem.router.predict.slo import SloTarget
 
 log = logging.getLogger(__name__)
 
@@ -129,18 +132,21 @@ class Predictor:
         self.ledgers.pop(engine_id, None)
 
     def ticket(
-        self,
-        placement: Placement,
-        prompt_tokens: int,
-        output: LengthPrediction,
-        keys: LengthKeys,
-        target: SloTarget,
-        streaming: bool,
-        now: float,
+        self, placement: Placement | Callable[[], Placement], keys: LengthKeys, streaming: bool
     ) -> Ticket:
-        """The ticket of a request placed at `now`. Its share of the ledgers is taken at the next
-        `settle`, as of `now` (module docstring)."""
-        ticket = Ticket(self, placement, prompt_tokens, output, keys, target, streaming, now)
+        """The ticket of a request placed as `placement` says; its share of the ledgers is taken
+        at the next `settle`, as of its placement time (module docstring).
+
+        Or of a request whose placement was decided without its predictions
+        (`placement.decided_alone`): `placement()` makes them at that settle, in placement
+        order, so with the ledgers as they were when it was planned. Nothing reads a ledger
+        without settling first; a request alone in the router is settled by its own first byte,
+        once the client has been sent it."""
+        ticket = Ticket(self, keys, streaming)
+        if callable(placement):
+            ticket.place_later = placement
+        else:
+            ticket.placed(placement)
         self._unsettled.append(ticket)
         return ticket
 
@@ -219,6 +225,7 @@ class Ticket:
         "_upstream_start",
         "keys",
         "output",
+        "place_later",
         "placement",
         "predictor",
         "prompt_tokens",
@@ -226,25 +233,12 @@ class Ticket:
         "target",
     )
 
-    def __init__(
-        self,
-        predictor: Predictor,
-        placement: Placement,
-        prompt_tokens: int,
-        output: LengthPrediction,
-        keys: LengthKeys,
-        target: SloTarget,
-        streaming: bool,
-        now: float,
-    ) -> None:
+    def __init__(self, predictor: Predictor, keys: LengthKeys, streaming: bool) -> None:
+        """A ticket whose placement comes next: `placed`, or `place_later` (made at `settle`)."""
         self.predictor = predictor
-        self.placement = placement
-        self.prompt_tokens = prompt_tokens
-        self.output = output
         self.keys = keys
-        self.target = target
         self.streaming = streaming
-        self._at = now
+        self.place_later: Callable[[], Placement] | None = None
         self._queued_on: EngineLedger | None = None
         self._prefilled_on: EngineLedger | None = None
         self._queued: QueuedPrefill | None = None
@@ -253,7 +247,6 @@ class Ticket:
         self._pulling = False  # sent to the decode engine, no first byte yet
         self._stream_on: EngineLedger | None = None
         self._slack_key = 0.0
-        self._stream_tokens = prompt_tokens + output.median * 0.5
         self._prefill_s: float | None = None
         self._first_byte: float | None = None
         self._first_engine: Engine | None = None
@@ -261,13 +254,27 @@ class Ticket:
         self._prefill_done: float | None = None
         self._handoff_clean = False
         self._alone = False  # nothing of this router's was placed behind it on its engine
-        self._handoff_load = placement.decode.load  # the decode engine's as the handoff starts
         self._held_s = 0.0  # the hold it waited out before its first upstream request
         self._placed_at = time.perf_counter()
 
+    def placed(self, placement: Placement) -> None:
+        """The request's placement and the predictions it was made with."""
+        inputs = placement.inputs
+        self.placement = placement
+        self.prompt_tokens = inputs.prompt_tokens
+        self.output = output = inputs.output
+        self.target = inputs.target
+        self._at = inputs.now
+        self._stream_tokens = inputs.prompt_tokens + output.median * 0.5
+        self._handoff_load = placement.decode.load  # the decode engine's as the handoff starts
+
     def take_share(self) -> None:
         """Adds the request, as placed at its placement time, to its engines' ledgers (the
-        module docstring's `placed` lines) and to the predictor's size means."""
+        module docstring's `placed` lines) and to the predictor's size means; a ticket made by
+        `Predictor.ticket` with a placement to make is placed first."""
+        if self.place_later is not None:
+            self.placed(self.place_later())
+            self.place_later = None
         predictor, placement, now = self.predictor, self.placement, self._at
         work = placement.prefill_work
         predictor.mean_uncached_tokens += MEAN_WEIGHT * (
@@ -370,6 +377,8 @@ class Ticket:
         arrives and admits it only in a step with budget left, so a long prefill admitted
         meanwhile would run first and hold every one of them for its whole length. Waiting w
         costs this request w; not waiting costs each of them up to the stall."""
+        if self.place_later is not None:
+            return  # decided alone: nothing was pulling to its engine (`placement.decided_alone`)
         decode = self.placement.decode
         ledger = decode.ledger
         if (
@@ -388,6 +397,8 @@ class Ticket:
         Its time teaches the prefill engine's model now, not when the request ends: until an
         engine of unknown pace has been observed it takes one request at a time, and a request
         whose decode is slow would hold the whole prefill engine that long."""
+        if self.place_later is not None:
+            return  # decided alone: local
         prefill = self.placement.prefill
         if prefill is None:
             return
@@ -406,6 +417,11 @@ class Ticket:
         if prefilled_on is not None:
             prefilled_on.prefills_open -= 1
             self._prefilled_on = None
+
+    def predicted_ttft_s(self) -> float:
+        """The TTFT its placement predicted."""
+        self.predictor.settle()
+        return self.placement.ttft_s
 
     def first_byte(
         self, engine: Engine, now: float, upstream_start: float | None, prefill_done: float | None
