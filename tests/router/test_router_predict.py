@@ -915,10 +915,16 @@ def test_a_plan_no_prediction_could_change_is_predicted_when_first_needed() -> N
     ticket.first_byte(d, now=10.5, upstream_start=10.0, prefill_done=None)
     ticket.finished(output_tokens=51, last_event=11.5)
     assert ledger.streams == 0
+    # a session keeps its engine: with nothing to hand off from, decided alone as well
+    d2 = engine("d2", "decode")
+    pinned = plan_route(plan_inputs([d, d2], predictive_inputs(predictor), session="alice"), cfg)
+    assert pinned is not None
+    assert pinned.place_later is not None
+    assert {c.engine for c in pinned.decode_ranking} == {d, d2}  # the rest for retries
     # a sheddable class, a second engine or a prefill engine to weigh: predicted at once
     for target, decoders, prefillers in (
         (SloTarget(0.2, 0.05, True), [d], []),
-        (SloTarget(0.2, 0.05, False), [d, engine("d2", "decode")], []),
+        (SloTarget(0.2, 0.05, False), [d, d2], []),
         (SloTarget(0.2, 0.05, False), [d], [p]),
     ):
         inputs = predictive_inputs(predictor)
