@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import random
 import time
@@ -884,7 +885,9 @@ def test_a_plan_sees_every_placement_before_it_settled_or_not() -> None:
     assert predictor.mean_uncached_tokens > 512.0
 
 
-def test_a_plan_no_prediction_could_change_is_predicted_when_first_needed() -> None:
+def test_a_plan_no_prediction_could_change_is_predicted_when_first_needed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """One decode engine, nothing to hand off from, a class never shed, nothing of the router's
     prefilling or pulling there: the plan is decided before any prediction, and its predictions
     are made at the next `settle`, with the ledgers as they were when it was planned (the next
@@ -915,6 +918,16 @@ def test_a_plan_no_prediction_could_change_is_predicted_when_first_needed() -> N
     ticket.first_byte(d, now=10.5, upstream_start=10.0, prefill_done=None)
     ticket.finished(output_tokens=51, last_event=11.5)
     assert ledger.streams == 0
+    # a request that fails before its first byte, with no plan after it: made as it ends
+    failed = plan_route(plan_inputs([d], predictive_inputs(predictor)), cfg)
+    assert failed is not None
+    assert failed.place_later is not None
+    lost = predictor.ticket(failed.place_later, length_keys(False, 100, 2000, None), True)
+    with caplog.at_level(logging.DEBUG, logger="tandem.router.predict.predictor"):
+        lost.finished(None, None)  # its debug line explains the placement made for it
+    assert '"route": "local"' in caplog.text
+    assert not ledger.queue.open
+    assert ledger.claimed_tokens == 0
     # a session keeps its engine: with nothing to hand off from, decided alone as well
     d2 = engine("d2", "decode")
     pinned = plan_route(plan_inputs([d, d2], predictive_inputs(predictor), session="alice"), cfg)

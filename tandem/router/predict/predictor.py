@@ -446,9 +446,9 @@ class Ticket:
     def finished(self, output_tokens: int | None, last_event: float | None) -> None:
         """The request is over (answered, failed or abandoned): everything held is given back, and
         what was observed teaches the models that predicted it."""
+        self.predictor.settle()  # a placement made later (`Predictor.ticket`) is made by now
         if log.isEnabledFor(logging.DEBUG):
             log.debug("prediction %s", json.dumps(self.explain(output_tokens, last_event)))
-        self.predictor.settle()
         self._release_queue(computed=False)
         self._release_decode_claim()
         self._close_prefill()
