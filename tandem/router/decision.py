@@ -226,7 +226,7 @@ def predictive_plan(
     every replica; the rest of that order follows for retries); the prediction then decides only
     P/D or local. `n > 1` never disaggregates (a prefill answer hands off one sequence's KV).
     A plan that no prediction could change (`placement.decided_alone`) leaves them to
-    `place_later`: the output length and the placement, as of now, when first needed.
+    `place_later`: the output length and the placement, as of now, once the request is sent.
     """
     decoders: Sequence[Engine] = inputs.decoders
     session_order: list[Engine] = []

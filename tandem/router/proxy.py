@@ -317,7 +317,7 @@ class CompletionProxy:
         """`_carry_out`; under the predictive policy first a 429 for a placement that sheds the
         request, else a ticket of this plan's predictions (a request planned again gets a new
         one: what a plan's engines learn and hold is that plan's), given back when it ends. A
-        plan decided without them has them made when they are first needed (`Predictor.ticket`)."""
+        plan decided without them has them made once the request is sent (`Predictor.ticket`)."""
         placement = plan.placement
         placed = placement or plan.place_later
         if predictive is None or placed is None:
@@ -336,9 +336,9 @@ class CompletionProxy:
         ticket = call.ticket = predictor.ticket(
             placed, predictive.keys, call.body.get("stream") is True
         )
-        if placement is not None:
-            # its share of the ledgers taken when this task first waits: after the upstream write
-            asyncio.get_running_loop().call_soon(predictor.settle)
+        # its share of the ledgers (and a placement made later) taken when this task first
+        # waits: after the upstream write, before anything its plan read has changed
+        asyncio.get_running_loop().call_soon(predictor.settle)
         try:
             if placement is not None and placement.hold_s > 0.0:  # a local prefill (hold(d))
                 # its blocks pending on its engine from now, so that what follows it while it is

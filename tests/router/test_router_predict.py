@@ -885,13 +885,13 @@ def test_a_plan_sees_every_placement_before_it_settled_or_not() -> None:
     assert predictor.mean_uncached_tokens > 512.0
 
 
-def test_a_plan_no_prediction_could_change_is_predicted_when_first_needed(
+def test_a_plan_no_prediction_could_change_is_predicted_once_it_is_sent(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """One decode engine, nothing to hand off from, a class never shed, nothing of the router's
     prefilling or pulling there: the plan is decided before any prediction, and its predictions
-    are made at the next `settle`, with the ledgers as they were when it was planned (the next
-    plan, or its own first byte)."""
+    are made at the next `settle`, with the ledgers as they were when it was planned (the proxy
+    schedules it for once the request is sent; here the next plan runs it first)."""
     cfg = config()
     predictor = Predictor(cfg.scoring.predictive, RouterMetrics())
     d, p = engine("d", "decode"), engine("p", "prefill")

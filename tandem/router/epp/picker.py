@@ -390,6 +390,9 @@ class EndpointPicker(ext_proc_grpc.ExternalProcessorServicer):  # type: ignore[m
         if placed is not None and predictive is not None:
             streaming = body.get("stream") is True
             ticket = predictive.predictor.ticket(placed, predictive.keys, streaming)
+            # its share (and a placement made later) taken once this answer to Envoy is on its
+            # way, before the engine's first byte changes what the plan read
+            asyncio.get_running_loop().call_soon(predictive.predictor.settle)
         return Placed(endpoint, decode, prefill, ticket, chat, body, tenant=tenant)
 
     def _within(self, plan: RoutePlan, subset: frozenset[str]) -> RoutePlan | None:

@@ -36,8 +36,8 @@ P/D by prediction (`disaggregation.py`), probes and shedding. In the terms of `c
     (none, mode never, n > 1 or the candidate colocated), a class that is never shed, and
     nothing of this router's prefilling or pulling on the engine (no hold, no wait behind a
     pull): whatever the prediction says, the request goes there at once (`decided_alone`). Its
-    predictions are still made, for its ticket's share of the ledgers and its errors, but when
-    they are first needed (`Predictor.ticket`), not on the request's way to the engine.
+    predictions are still made, for its ticket's share of the ledgers and its errors, but once
+    it has been sent (`Predictor.ticket`), not on its way to the engine.
 """
 
 from __future__ import annotations

@@ -43,9 +43,8 @@ connection is once its upstream request is written, off its way to its first tok
 of a ledger (a plan, `Predictor.ledger`, each ticket's methods) settles first, so no plan misses
 a placement. A plan that no prediction could change (`placement.decided_alone`: one decode
 engine, nothing to weigh it against) is sent before its predictions are made: its ticket
-(`Predictor.ticket`) makes them at the settle that takes its share, with the ledgers as
-they were when it was planned, and that settle is not scheduled: the next plan runs it, or the
-request's own first byte once the client has been sent it.
+(`Predictor.ticket`) makes them at the settle that takes its share, with the ledgers (and the
+engine's figures: no first byte or scrape has come yet) as they were when it was planned.
 
 The TTFT predicted and observed is the upstream part (first upstream request → first byte): the
 router's own queue and scheduling come before it. A non-streaming answer's first byte comes with
@@ -139,9 +138,10 @@ class Predictor:
 
         Or of a request whose placement was decided without its predictions
         (`placement.decided_alone`): `placement()` makes them at that settle, in placement
-        order, so with the ledgers as they were when it was planned. Nothing reads a ledger
-        without settling first; a request alone in the router is settled by its own first byte,
-        once the client has been sent it."""
+        order, so with the ledgers as they were when it was planned (nothing reads a ledger
+        without settling first). The caller schedules the settle for when the request has been
+        sent and before its first byte, as for every ticket: the engine's own figures are then
+        those of the plan too."""
         ticket = Ticket(self, keys, streaming)
         if callable(placement):
             ticket.place_later = placement
