@@ -84,10 +84,17 @@ def decided_alone(
     if len(decoders) != 1 or target.sheddable:
         return False
     engine = decoders[0]
-    if prefillers and disaggregation != "never" and not engine.colocated:
+    if may_disaggregate(engine, prefillers, disaggregation):
         return False
     ledger = ledger_of(engine)
     return not ledger.queue.open and not ledger.handoffs_pulling
+
+
+def may_disaggregate(engine: Engine, prefillers: Sequence[Engine], disaggregation: str) -> bool:
+    """Whether a request local on decode candidate `engine` could have its prefill on one of
+    `prefillers` instead: some to use, mode not "never", and `engine` not colocated (one of the
+    decode pool, which a handoff can reach)."""
+    return bool(prefillers) and disaggregation != "never" and not engine.colocated
 
 
 def meet_bar(candidates: Sequence[Candidate], q: float) -> float:
@@ -193,8 +200,7 @@ def place(
     chosen, prefill, ttft, meet, wait = local, None, local.ttft_s, local.meet, 0.0
     probe = False
     always = disaggregation == "always"
-    # a local pick on an engine of the decode pool: that pool has an engine to hand off to
-    if prefillers and disaggregation != "never" and not local.engine.colocated:
+    if may_disaggregate(local.engine, prefillers, disaggregation):
         pick, probe = _best_prefill(prefillers, ledger_of, inputs, trying_allowed=always)
     else:
         pick = None
