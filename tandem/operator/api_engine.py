@@ -168,7 +168,8 @@ class PoolSpec(SpecModel):
     tensor_parallel_size: int = Field(1, ge=1, le=64, alias="tensorParallelSize")
     """GPUs per pod for one model replica (--tensor-parallel-size); also the default GPU limit."""
     max_num_batched_tokens: int = Field(8192, ge=1, alias="maxNumBatchedTokens")
-    """Token budget of one engine step (--max-num-batched-tokens); long prompts are chunked."""
+    """Token budget of one engine step (--max-num-batched-tokens); long prompts are chunked. The
+    predictive router counts each prefill's steps at it (an extraArgs override included)."""
     max_num_seqs: int | None = Field(None, ge=1, alias="maxNumSeqs")
     """Most sequences in one step (--max-num-seqs)."""
     image: str | None = None

@@ -106,6 +106,17 @@ def compact_json(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
 
 
+def last_flag(args: list[str], flag: str) -> str | None:
+    """The value of the last `flag VALUE` or `flag=VALUE` in argv (argparse: the last one wins)."""
+    value = None
+    for index, arg in enumerate(args):
+        if arg == flag and index + 1 < len(args):
+            value = args[index + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
 def disaggregated(sc: ServingCluster) -> bool:
     """Whether a prefill pool exists and the engines carry the KV connector."""
     return sc.spec.router.disaggregation.mode != "never"

@@ -29,6 +29,7 @@ from tandem.operator.common_render import (
     disaggregated,
     env_dicts,
     external_scaling,
+    last_flag,
     pod_placement,
     pull_secrets,
     role_labels,
@@ -135,6 +136,18 @@ def vllm_args(sc: ServingCluster, role: Role, ports: EnginePorts = POD_PORTS) ->
         args += ["--speculative-config", compact_json(config)]
     args += lora_args(spec.lora, pool)
     return args + engine.extra_args + pool.extra_args
+
+
+def step_tokens(sc: ServingCluster, role: Role) -> int:
+    """The pool's step budget as its engines read their arguments: the last
+    `--max-num-batched-tokens`, so an `extraArgs` override counts."""
+    value = last_flag(vllm_args(sc, role), "--max-num-batched-tokens")
+    try:
+        return int(value or "")
+    except ValueError:
+        raise ValueError(
+            f"spec.{role}: --max-num-batched-tokens {value!r} (extraArgs) is not an integer"
+        ) from None
 
 
 def merge_env(*layers: list[dict[str, Any]]) -> list[dict[str, Any]]:

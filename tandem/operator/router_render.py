@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from tandem.common.routing import AdmissionConfig
+from tandem.common.routing import AdmissionConfig, ScoringConfig
 from tandem.operator import inference_pool as gateway
 from tandem.operator.api import ServingCluster
 from tandem.operator.api_router import RouterSpec
@@ -29,12 +29,14 @@ from tandem.operator.common_render import (
     child_meta,
     child_name,
     compact_json,
+    disaggregated,
     env_dicts,
     pod_placement,
     pull_secrets,
     role_labels,
     selector_labels,
 )
+from tandem.operator.engine_render import step_tokens
 from tandem.operator.security_render import (
     container_security_context,
     engine_key_annotation,
@@ -49,6 +51,21 @@ from tandem.router.config import (
     StaticDiscovery,
     TrustConfig,
 )
+
+
+def router_scoring(sc: ServingCluster) -> ScoringConfig:
+    """`spec.router.scoring`, with the step budgets the predictive policy assumes taken from the
+    pools' own arguments where the manifest leaves them unset: a router told 8192 by default
+    while a decode pool runs 2048-token steps would predict its prefills in a quarter of the
+    steps they take."""
+    scoring = sc.spec.router.scoring
+    predictive = scoring.predictive
+    budgets: dict[str, int] = {}
+    if predictive.prefill_chunk_tokens is None:
+        budgets["prefill_chunk_tokens"] = step_tokens(sc, "decode")
+    if predictive.prefill_pool_chunk_tokens is None and disaggregated(sc):
+        budgets["prefill_pool_chunk_tokens"] = step_tokens(sc, "prefill")
+    return scoring.model_copy(update={"predictive": predictive.model_copy(update=budgets)})
 
 
 def router_config(
@@ -80,7 +97,7 @@ def router_config(
         block_size=spec.engine.block_size,
         hash_algo=spec.engine.hash_algo,
         hash_seed=spec.engine.hash_seed,
-        scoring=router.scoring,
+        scoring=router_scoring(sc),
         disaggregation=router.disaggregation,
         admission=router_admission(sc),
         tenancy=router.tenancy,

@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 from tandem.common.chat_template import is_template_text
 from tandem.operator.api import ServingCluster
+from tandem.operator.common_render import last_flag
 
 TOKENIZER_DIR = "/var/lib/tandem/tokenizer"
 TOKENIZER_VOLUME = "tokenizer"
@@ -64,22 +65,11 @@ class TokenizerSource:
         return self.path is not None and self.chat_template_readable
 
 
-def _last_flag(args: list[str], flag: str) -> str | None:
-    """The value of the last `flag VALUE` or `flag=VALUE` in argv (argparse: the last one wins)."""
-    value = None
-    for index, arg in enumerate(args):
-        if arg == flag and index + 1 < len(args):
-            value = args[index + 1]
-        elif arg.startswith(flag + "="):
-            value = arg.split("=", 1)[1]
-    return value
-
-
 def engine_chat_template(sc: ServingCluster) -> tuple[str | None, dict[str, Any]]:
     """The decode engines' `--chat-template` and `--default-chat-template-kwargs` (decode answers
     chat requests, and prefill renders them the same way)."""
     args = sc.spec.engine.extra_args + sc.spec.decode.extra_args
-    kwargs_text = _last_flag(args, "--default-chat-template-kwargs")
+    kwargs_text = last_flag(args, "--default-chat-template-kwargs")
     kwargs: dict[str, Any] = {}
     if kwargs_text is not None:
         try:
@@ -88,7 +78,7 @@ def engine_chat_template(sc: ServingCluster) -> tuple[str | None, dict[str, Any]
             raise ValueError(f"--default-chat-template-kwargs is not JSON: {exc}") from exc
         if not isinstance(kwargs, dict):
             raise ValueError("--default-chat-template-kwargs must be a JSON object")
-    return _last_flag(args, "--chat-template"), kwargs
+    return last_flag(args, "--chat-template"), kwargs
 
 
 def _is_hub_id(name: str) -> bool:

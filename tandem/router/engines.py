@@ -104,6 +104,10 @@ class Engine:
     def colocated(self) -> bool:
         return "prefill" in self.roles and "decode" in self.roles
 
+    @property
+    def prefill_only(self) -> bool:
+        return self.roles == {"prefill"}
+
 
 class EnginePool:
     """All known engines, keyed by URL; discovery adds and removes, the proxy reads."""

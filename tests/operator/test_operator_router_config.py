@@ -4,12 +4,14 @@ router exactly as written in the ServingCluster."""
 
 from __future__ import annotations
 
+import re
 from typing import Any, get_args, get_origin
 
 import pytest
 from pydantic import BaseModel
 from sc_manifests import cluster
 
+from tandem.operator.api import ServingCluster
 from tandem.operator.api_router import RouterSpec
 from tandem.operator.crd import openapi_schema
 from tandem.operator.router_render import router_config
@@ -146,3 +148,29 @@ def test_top_level_router_settings_reach_the_router() -> None:
     for config_field, spec_field in FROM_ROUTER_SPEC.items():
         if config_field not in POLICY:
             assert getattr(config, config_field) == getattr(sc.spec.router, spec_field)
+
+
+def _budgets(sc: ServingCluster) -> tuple[int | None, int | None]:
+    predictive = router_config(sc).scoring.predictive
+    return predictive.prefill_chunk_tokens, predictive.prefill_pool_chunk_tokens
+
+
+def test_the_predictive_step_budgets_are_the_pools_own_unless_the_router_sets_them() -> None:
+    """The router's cost models chunk prefills at the budget each pool's engines run with: its
+    last --max-num-batched-tokens, an extraArgs override included."""
+    pools = {
+        "decode": {"maxNumBatchedTokens": 2048},
+        "prefill": {"maxNumBatchedTokens": 16384, "extraArgs": ["--max-num-batched-tokens=12288"]},
+    }
+    assert _budgets(cluster(**pools)) == (2048, 12288)
+    assert _budgets(cluster()) == (8192, 8192)
+    set_by_router = {"scoring": {"predictive": {"prefillChunkTokens": 4096}}}
+    assert _budgets(cluster(**pools, router=set_by_router)) == (4096, 12288)
+    colocated = {"disaggregation": {"mode": "never"}}
+    assert _budgets(cluster(decode={"maxNumBatchedTokens": 2048}, router=colocated)) == (2048, None)
+
+
+def test_a_step_budget_no_engine_could_read_is_refused_by_name() -> None:
+    sc = cluster(engine={"extraArgs": ["--max-num-batched-tokens", "lots"]})
+    with pytest.raises(ValueError, match=re.escape("spec.decode: --max-num-batched-tokens 'lots'")):
+        router_config(sc)

@@ -253,6 +253,22 @@ def engine(name: str, role: str) -> Engine:
     return Engine(f"http://{name}:8000", roles)
 
 
+def test_each_engine_is_predicted_at_its_own_pools_step_budget() -> None:
+    """C, the step budget the cost models chunk prefills at: `prefillPoolChunkTokens` on an
+    engine that only prefills, `prefillChunkTokens` on a decode or colocated one; the first
+    falls back to the second, and that to vLLM's 8192."""
+
+    def budgets(**predictive: int) -> list[int]:
+        predictor = Predictor(PredictiveConfig.model_validate(predictive), RouterMetrics())
+        engines = (engine("p", "prefill"), engine("d", "decode"), engine("w", "both"))
+        return [predictor.ledger(e).costs.chunk_tokens for e in engines]
+
+    assert budgets(prefillChunkTokens=2048, prefillPoolChunkTokens=16384) == [16384, 2048, 2048]
+    assert budgets(prefillChunkTokens=2048) == [2048, 2048, 2048]
+    assert budgets(prefillPoolChunkTokens=16384) == [16384, 8192, 8192]
+    assert budgets() == [8192, 8192, 8192]
+
+
 def behind(ledger: EngineLedger, tokens: float) -> QueuedPrefill:
     """This router's prefill work of `tokens` placed on the ledger's engine at time 100: one step
     of 5 ms + 25 ms per 1,000 tokens at the seeds of `ledger_table`, up to 8,192 tokens."""

@@ -120,7 +120,7 @@ class Predictor:
                 self._handoff_seed,
                 self._step_seed,
                 config.forget,
-                config.prefill_chunk_tokens,
+                config.chunk_tokens(engine.prefill_only),
             )
             ledger = self.ledgers[engine.id] = EngineLedger(
                 costs, self.config.interference_window_seconds
