@@ -143,11 +143,14 @@ def step_tokens(sc: ServingCluster, role: Role) -> int:
     `--max-num-batched-tokens`, so an `extraArgs` override counts."""
     value = last_flag(vllm_args(sc, role), "--max-num-batched-tokens")
     try:
-        return int(value or "")
+        tokens = int(value or "")
     except ValueError:
+        tokens = 0
+    if tokens < 1:
         raise ValueError(
-            f"spec.{role}: --max-num-batched-tokens {value!r} (extraArgs) is not an integer"
-        ) from None
+            f"spec.{role}: --max-num-batched-tokens {value!r} (extraArgs) is not a positive integer"
+        )
+    return tokens
 
 
 def merge_env(*layers: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -104,6 +104,23 @@ def test_colocated_example_runs_workers_and_replica_overrides_apply(tmp_path: Pa
     assert "HF_TOKEN" not in plan.engines[0].env  # no local value: left out, not invented
 
 
+def test_the_router_predicts_each_engine_at_the_step_budget_the_engine_runs_with(
+    tmp_path: Path,
+) -> None:
+    """`tandem up` renders the engines and the router from one manifest: a decode pool of
+    2048-token steps is predicted at 2048, the prefill pool at its own budget."""
+    sc = load_cluster(
+        EXAMPLES / "llama-8b-pd.yaml",
+        ["spec.decode.maxNumBatchedTokens=2048", "spec.prefill.maxNumBatchedTokens=16384"],
+    )
+    plan = build_plan(sc, LocalOptions(speedup=5), counter().__next__, tmp_path, {})
+    predictive = plan.router_config.scoring.predictive
+    for engine in plan.engines:
+        expected = predictive.chunk_tokens(prefill_only=engine.role == "prefill")
+        assert int(flag(engine.argv, "--max-num-batched-tokens")) == expected
+    assert (predictive.prefill_chunk_tokens, predictive.prefill_pool_chunk_tokens) == (2048, 16384)
+
+
 def test_set_overrides_are_validated_like_the_manifest() -> None:
     sc = load_cluster(
         EXAMPLES / "llama-8b-pd.yaml",

@@ -170,7 +170,10 @@ def test_the_predictive_step_budgets_are_the_pools_own_unless_the_router_sets_th
     assert _budgets(cluster(decode={"maxNumBatchedTokens": 2048}, router=colocated)) == (2048, None)
 
 
-def test_a_step_budget_no_engine_could_read_is_refused_by_name() -> None:
-    sc = cluster(engine={"extraArgs": ["--max-num-batched-tokens", "lots"]})
-    with pytest.raises(ValueError, match=re.escape("spec.decode: --max-num-batched-tokens 'lots'")):
+@pytest.mark.parametrize("value", ["lots", "0"])
+def test_a_step_budget_no_engine_could_run_is_refused_by_name(value: str) -> None:
+    sc = cluster(engine={"extraArgs": ["--max-num-batched-tokens", value]})
+    with pytest.raises(
+        ValueError, match=re.escape(f"spec.decode: --max-num-batched-tokens {value!r}")
+    ):
         router_config(sc)

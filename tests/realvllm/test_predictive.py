@@ -12,7 +12,6 @@ import httpx
 import pytest
 from harness import PDCluster, Router, metrics_of, stream_completion, until
 
-from tandem.common.routing import ScoringConfig
 from tandem.router.engine_metrics import parse_engine_load
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -26,9 +25,10 @@ TOKENS = 8
 @pytest.fixture(scope="module")
 def router(pd_cluster: PDCluster) -> Iterator[Router]:
     pd_cluster.ensure_engines()
-    router = pd_cluster.router(
-        "router-predictive", tokenizer=None, scoring=ScoringConfig(policy="predictive")
-    )
+    # the manifest's scoring as the operator renders it (the engines' step budgets included)
+    planned = pd_cluster.plan.router_config.scoring
+    scoring = planned.model_copy(update={"policy": "predictive"})
+    router = pd_cluster.router("router-predictive", tokenizer=None, scoring=scoring)
     router.wait_engines_healthy(set())  # engines restarted by the file before are seen up first
     yield router
     router.stop()
