@@ -122,10 +122,15 @@ class Pool:
         return [e.url for e in self.engines]
 
     def split(self, prefill_engines: int | None) -> tuple[list[str], list[str]]:
-        """(prefill, decode) URLs for the P/D routers: the first `prefill_engines` prefill (half
-        of them when None)."""
-        count = len(self.engines) // 2 if prefill_engines is None else prefill_engines
+        """(prefill, decode) URLs for the P/D routers (`prefill_count`)."""
+        count = prefill_count(len(self.engines), prefill_engines)
         return self.urls[:count], self.urls[count:]
+
+
+def prefill_count(engines: int, prefill_engines: int | None) -> int:
+    """How many of the pool's first engines the P/D routers prefill on: `--prefill-engines`, half
+    of them when None."""
+    return engines // 2 if prefill_engines is None else prefill_engines
 
 
 def start_pool(
@@ -429,7 +434,7 @@ async def main_async(args: argparse.Namespace) -> int:
         args.max_model_len,
         args.engine_args.split(),
         (
-            args.engines // 2 if args.prefill_engines is None else args.prefill_engines,
+            prefill_count(args.engines, args.prefill_engines),
             args.decode_engine_args.split(),
         ),
     )

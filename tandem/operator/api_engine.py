@@ -6,6 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from tandem.common.routing import DEFAULT_STEP_TOKENS
 from tandem.operator.api_kube import (
     DrainSpec,
     EnvVar,
@@ -167,7 +168,7 @@ class PoolSpec(SpecModel):
     """Pod count when autoscaling is off (clamped to the autoscaling range when on)."""
     tensor_parallel_size: int = Field(1, ge=1, le=64, alias="tensorParallelSize")
     """GPUs per pod for one model replica (--tensor-parallel-size); also the default GPU limit."""
-    max_num_batched_tokens: int = Field(8192, ge=1, alias="maxNumBatchedTokens")
+    max_num_batched_tokens: int = Field(DEFAULT_STEP_TOKENS, ge=1, alias="maxNumBatchedTokens")
     """Token budget of one engine step (--max-num-batched-tokens); long prompts are chunked. The
     predictive router counts each prefill's steps at it (an extraArgs override included)."""
     max_num_seqs: int | None = Field(None, ge=1, alias="maxNumSeqs")

@@ -36,6 +36,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from tandem.common.routing import DEFAULT_STEP_TOKENS
 from tandem.router.predict.prefill_queue import StepSeeds
 
 
@@ -156,7 +157,7 @@ class EngineCosts:
         handoff: tuple[float, float],
         step: tuple[float, float, float],
         forget: float,
-        chunk_tokens: int = 8192,
+        chunk_tokens: int = DEFAULT_STEP_TOKENS,
     ) -> None:
         self._handoff_seed = handoff
         self._step_seed = step
